@@ -1,0 +1,1 @@
+"""Collectors and trace importers: producers of the event contract."""

@@ -1,0 +1,1 @@
+"""Training-job simulator with fault injection."""

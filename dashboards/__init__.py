@@ -1,0 +1,1 @@
+"""Dashboards and reports: what a person looks at."""

@@ -1,0 +1,1 @@
+"""Detectors: small incremental classes over numpy arrays (update / on_tick / snapshot)."""

@@ -1,0 +1,1 @@
+"""Stream transport and processor: events in, detector results out."""
