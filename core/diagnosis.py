@@ -94,3 +94,46 @@ class Diagnosis:
     @classmethod
     def load(cls, path: str | Path) -> Diagnosis:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+_ANOMALY_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,), "kind": (str,), "cause": (str,), "ranks": (list,),
+    "link": (list, type(None)), "comm": (int, type(None)), "comm_kind": (str, type(None)),
+    "stage": (str, type(None)), "start_ns": (int, type(None)),
+    "detected_ns": (int, type(None)), "end_ns": (int, type(None)),
+    "slowdown": (float, int, type(None)), "R": (float, int, type(None)),
+    "P": (float, int, type(None)),
+}
+
+
+def validate(d: dict[str, Any]) -> None:
+    """Check a diagnosis document against diagnosis.md; raise ValueError naming the field."""
+    for key in ("version", "job", "iterations", "anomalies", "whatif"):
+        if key not in d:
+            raise ValueError(f"diagnosis: missing field {key!r}")
+    if d["version"] != VERSION:
+        raise ValueError(f"diagnosis: version must be {VERSION}")
+    it = d["iterations"]
+    if it is not None:
+        for key in ("period_ops", "median_s", "count"):
+            if key not in it:
+                raise ValueError(f"diagnosis.iterations: missing field {key!r}")
+    ids = set()
+    for i, a in enumerate(d["anomalies"]):
+        for key, types in _ANOMALY_TYPES.items():
+            if key not in a:
+                raise ValueError(f"diagnosis.anomalies[{i}]: missing field {key!r}")
+            if not isinstance(a[key], types) or isinstance(a[key], bool):
+                raise ValueError(f"diagnosis.anomalies[{i}].{key}: wrong type "
+                                 f"{type(a[key]).__name__}")
+        Anomaly.from_dict(a)  # kind / cause / stage vocabularies
+        if a["id"] in ids:
+            raise ValueError(f"diagnosis.anomalies[{i}].id: duplicate {a['id']!r}")
+        ids.add(a["id"])
+        if a["link"] is not None and len(a["link"]) != 2:
+            raise ValueError(f"diagnosis.anomalies[{i}].link: must name two ranks")
+    w = d["whatif"]
+    if w is not None:
+        for key in ("slowdown", "by_op_type", "workers"):
+            if key not in w:
+                raise ValueError(f"diagnosis.whatif: missing field {key!r}")
