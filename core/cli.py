@@ -17,6 +17,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.simulator.cli",
     "failslow.analyze",
     "failslow.demo",
+    "failslow.infra",
+    "failslow.plan",
+    "failslow.collectors.importers.cli",
 )
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (
@@ -40,7 +43,7 @@ def _optional_module(name: str) -> Any | None:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name == name:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
             return None
         raise
 

@@ -1,0 +1,77 @@
+"""S2 micro-batch allocation: exact against brute force, fast at scale."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+
+from failslow import cli
+from failslow.detectors.microbatches import allocate_microbatches
+
+
+def brute_force(times: list[float], total: int, multiple_of: int = 1) -> float:
+    n = len(times)
+    best = float("inf")
+    choices = range(multiple_of, total + 1, multiple_of)
+    for m in itertools.product(choices, repeat=n):
+        if sum(m) == total:
+            best = min(best, max(mi * ti for mi, ti in zip(m, times, strict=True)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_optimal_against_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 4)
+    multiple_of = rng.choice([1, 1, 2])
+    total = multiple_of * rng.randint(n, 9)
+    # integer-ish times make ties (several optimal answers) common
+    times = [rng.choice([1.0, 2.0, 3.0, rng.uniform(0.5, 4.0)]) for _ in range(n)]
+    alloc = allocate_microbatches(times, total, multiple_of)
+    assert sum(alloc.m) == total
+    assert all(m >= multiple_of and m % multiple_of == 0 for m in alloc.m)
+    assert alloc.max_time == pytest.approx(brute_force(times, total, multiple_of), rel=1e-12)
+
+
+def test_slow_group_gets_fewer_microbatches() -> None:
+    alloc = allocate_microbatches([1.0, 1.0, 1.0, 2.0], 16)
+    assert alloc.m[3] < alloc.m[0]
+    assert alloc.max_time < 2.0 * 4  # better than the even split
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        allocate_microbatches([1.0, -1.0], 4)
+    with pytest.raises(ValueError, match="at least"):
+        allocate_microbatches([1.0, 1.0, 1.0], 2)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        allocate_microbatches([1.0, 1.0], 10, multiple_of=4)
+
+
+def test_large_instance_is_consistent() -> None:
+    rng = np.random.default_rng(1)
+    times = rng.uniform(0.9, 1.1, 16384)
+    times[:7] *= 1.8
+    alloc = allocate_microbatches(times, 16384 * 8)
+    m = np.array(alloc.m)
+    assert m.sum() == 16384 * 8 and m.min() >= 1
+    loads = m * times
+    # optimality certificate: giving any group one more micro-batch would exceed max_time
+    # for at least as many units as were needed (no group could take one more below T*)
+    assert np.all((m + 1) * times >= loads.max() - 1e-9)
+
+
+def test_cli_prints_json() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["plan", "microbatches", "--times", "1,1,2", "--total", "8", "--json"])
+    assert code == 0
+    doc = json.loads(out.getvalue())
+    assert doc["m"] == [3, 3, 2] or sum(doc["m"]) == 8
+    assert doc["max_time"] == 4.0 and doc["solve_ms"] >= 0
