@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.simulator.bench",
+    "failslow.plan",
 )
 
 DESCRIPTION = """\

@@ -75,3 +75,12 @@ def test_cli_prints_json() -> None:
     doc = json.loads(out.getvalue())
     assert doc["m"] == [3, 3, 2] or sum(doc["m"]) == 8
     assert doc["max_time"] == 4.0 and doc["solve_ms"] >= 0
+
+
+def test_bench_reports_figures_against_the_greedy_baseline() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["bench", "plan-microbatches", "--json", "--scale", "0.05"])
+    assert code == 0
+    doc = json.loads(out.getvalue())
+    assert {"groups_25_solve_ms", "groups_25_speedup_vs_greedy"} <= set(doc)
