@@ -1,0 +1,69 @@
+"""``failslow import ...``: convert foreign traces into a failslow trace directory."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from failslow.collectors.importers import ImportResult
+
+
+def _write(result: ImportResult, args: argparse.Namespace) -> int:
+    path = result.write(args.out, args.format)
+    print(f"wrote {path}: {result.summary()}")
+    return 0
+
+
+def _cmd_flight_recorder(args: argparse.Namespace) -> int:
+    from failslow.collectors.importers import flight_recorder
+
+    return _write(flight_recorder.import_dumps(args.dump_dir, job=args.job), args)
+
+
+def _cmd_straggler_analysis(args: argparse.Namespace) -> int:
+    from failslow.collectors.importers import straggler_analysis
+
+    return _write(straggler_analysis.import_files(args.trace, args.meta, job=args.job,
+                                                  epoch_ns=args.epoch_ns), args)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, metavar="TRACE_DIR",
+                        help="trace directory to write (created if absent)")
+    parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet",
+                        help="file format of the record tables (default: parquet)")
+    parser.add_argument("--job", default=None, help="job id to use (default: derived from "
+                                                    "the input)")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``failslow import flight-recorder`` and ``failslow import straggler-analysis``."""
+    top = subparsers.add_parser(
+        "import", help="convert other tools' traces into a failslow trace directory",
+        description="Convert traces written by other tools into a failslow trace directory "
+                    "(meta.json, coll/span tables, import.json with the conversion notes).")
+    sub = top.add_subparsers(dest="importer", metavar="FORMAT", required=True)
+
+    fr = sub.add_parser(
+        "flight-recorder", help="PyTorch NCCL Flight Recorder dumps (one file per rank)",
+        description="Import PyTorch NCCL Flight Recorder dumps: every file of DUMP_DIR whose "
+                    "name ends in the rank (e.g. _dump_0). Operations become coll rows "
+                    "(enter; end when completed); meta from the process groups.")
+    fr.add_argument("dump_dir", metavar="DUMP_DIR", help="folder of dump files (or one file)")
+    _common(fr)
+    fr.set_defaults(func=_cmd_flight_recorder)
+
+    from failslow.collectors.importers.straggler_analysis import DEFAULT_EPOCH_NS
+
+    sa = sub.add_parser(
+        "straggler-analysis", help="ByteDance StragglerAnalysis trace (Parquet + YAML meta)",
+        description="Import a StragglerAnalysis trial: span rows for every operation, coll "
+                    "rows derived for pipeline send/recv and data-parallel syncs; tensor "
+                    "parallelism is collapsed (world = dp x pp).")
+    sa.add_argument("--trace", required=True, metavar="T.parquet", help="trace-*.parquet")
+    sa.add_argument("--meta", required=True, metavar="M.yaml", help="meta-*.yaml")
+    sa.add_argument("--epoch-ns", type=int, default=DEFAULT_EPOCH_NS,
+                    help="start time of the first imported step, ns since the Unix epoch "
+                         f"(default {DEFAULT_EPOCH_NS})")
+    _common(sa)
+    sa.set_defaults(func=_cmd_straggler_analysis)
