@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.simulator.bench",
     "failslow.plan",
+    "failslow.detectors.hang",
 )
 
 DESCRIPTION = """\

@@ -1,0 +1,364 @@
+"""A self-contained HTML report of one job's diagnosis: one file, figures embedded as PNG.
+
+Contents: the job's iteration time over time with the anomalies as shaded bands (the
+"slowdown over the baseline iteration time" of diagnosis.md made visible), a DP x PP
+heatmap of how long the other ranks waited for each rank at collectives (from the
+``rounds`` table, point-to-point transfers left out: in every round the last rank to enter
+holds up the others for ``t_last_enter - t_first_enter``; CCL-D's observation that the
+straggler is the last to arrive), the anomaly table and, when a ground truth is given, which
+injected faults were found.
+
+Cross-node times differ by the clock offset (events.md: up to a few ms), so small waits in
+the heatmap are within clock noise; a straggler stands out by tens of ms per iteration.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from matplotlib.figure import Figure  # Agg canvas, no pyplot state
+
+from failslow.diagnosis import Anomaly, Diagnosis
+from failslow.events import JobMeta
+
+_COLORS = {"compute": "#d62728", "communication": "#1f77b4", "mixed": "#9467bd",
+           "not_entered": "#ff7f0e", "inconsistent": "#8c564b", "hardware": "#e377c2"}
+MATCH_SLACK_NS = 5_000_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# what the figures show
+
+
+def job_iterations(iterations: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(t_end, duration_ns)`` of the job's iterations (rank -1), in time order; when no
+    job-level rows exist, the slowest rank's duration per iteration."""
+    if iterations.num_rows == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rank = iterations.column("rank").to_numpy()
+    if (rank == -1).any():
+        sel = iterations.filter(pc.equal(iterations.column("rank"), -1))
+        t_end = sel.column("t_end").to_numpy()
+        dur = sel.column("duration_ns").to_numpy()
+    else:
+        it = iterations.column("iteration").to_numpy()
+        uniq, inv = np.unique(it, return_inverse=True)
+        dur = np.zeros(len(uniq), np.int64)
+        t_end = np.zeros(len(uniq), np.int64)
+        np.maximum.at(dur, inv, iterations.column("duration_ns").to_numpy())
+        np.maximum.at(t_end, inv, iterations.column("t_end").to_numpy())
+    order = np.argsort(t_end, kind="stable")
+    return t_end[order].astype(np.int64), dur[order].astype(np.int64)
+
+
+def rank_coordinates(meta: JobMeta) -> tuple[np.ndarray, np.ndarray]:
+    """``(dp, pp)`` coordinate of every global rank: from the communicators in the meta when
+    they describe full DP and PP groups, else Megatron's default order (tp fastest, then cp,
+    dp, pp)."""
+    n = meta.world_size
+    dp = np.full(n, -1, np.int64)
+    pp = np.full(n, -1, np.int64)
+    for comm in meta.comms:
+        target, size = {"dp": (dp, meta.dp), "pp": (pp, meta.pp)}.get(comm.kind, (None, 0))
+        if target is not None and len(comm.ranks) == size:
+            for i, r in enumerate(comm.ranks):
+                if 0 <= r < n:
+                    target[r] = i
+    if (dp < 0).any() or (pp < 0).any():
+        ranks = np.arange(n)
+        inner = max(meta.tp * meta.cp, 1)
+        dp = (ranks // inner) % max(meta.dp, 1)
+        pp = ranks // (inner * max(meta.dp, 1))
+    return dp, pp
+
+
+P2P_OPS = ("send", "recv")
+
+
+def imposed_wait(rounds: pa.Table, world_size: int) -> np.ndarray:
+    """Per global rank: total ns its peers spent waiting because it entered a collective
+    round last (``t_last_enter - t_first_enter`` summed over the rounds where it was
+    ``last_rank``). Point-to-point rounds are left out: there the receiver posts early by
+    design (pipeline bubbles), which is not a straggler's doing."""
+    out = np.zeros(world_size, np.float64)
+    if rounds.num_rows:
+        rounds = rounds.filter(pc.invert(pc.is_in(rounds.column("op"),
+                                                  value_set=pa.array(P2P_OPS))))
+    if rounds.num_rows == 0:
+        return out
+    last = rounds.column("last_rank").to_numpy().astype(np.int64)
+    wait = (rounds.column("t_last_enter").to_numpy()
+            - rounds.column("t_first_enter").to_numpy()).astype(np.float64)
+    ok = (last >= 0) & (last < world_size) & (wait >= 0)
+    np.add.at(out, last[ok], wait[ok])
+    return out
+
+
+def wait_grid(meta: JobMeta, rounds: pa.Table, n_iterations: int,
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """DP x PP grid of the imposed wait in ms per iteration (the largest over the TP/CP
+    ranks sharing a cell) and the rank that holds each cell's value."""
+    per_rank = imposed_wait(rounds, meta.world_size) / 1e6 / max(n_iterations, 1)
+    dp, pp = rank_coordinates(meta)
+    grid = np.zeros((max(meta.dp, 1), max(meta.pp, 1)))
+    who = np.full(grid.shape, -1, np.int64)
+    for r in np.argsort(per_rank, kind="stable"):  # ascending: the largest ends up in place
+        grid[dp[r], pp[r]] = per_rank[r]
+        who[dp[r], pp[r]] = r
+    return grid, who
+
+
+@dataclass(frozen=True)
+class Match:
+    """One ground-truth anomaly and the diagnosed anomaly that matches it, if any."""
+
+    truth: Anomaly
+    found: Anomaly | None
+
+
+def _involved(a: Anomaly) -> set[int]:
+    return set(a.ranks) | set(a.link or [])
+
+
+def _overlaps(a: Anomaly, b: Anomaly, slack: int) -> bool:
+    if a.start_ns is None or b.start_ns is None:
+        return True
+    a_end = a.end_ns if a.end_ns is not None else np.iinfo(np.int64).max
+    b_end = b.end_ns if b.end_ns is not None else np.iinfo(np.int64).max
+    return a.start_ns <= b_end + slack and b.start_ns <= a_end + slack
+
+
+def match_truth(found: Sequence[Anomaly], truth: Sequence[Anomaly],
+                slack_ns: int = MATCH_SLACK_NS) -> tuple[list[Match], list[Anomaly]]:
+    """Pair each truth anomaly with a diagnosed one of the same kind that names one of its
+    ranks or link ends and overlaps it in time (``slack_ns`` either side). Returns the
+    matches (``found`` None = missed) and the diagnosed anomalies left unmatched."""
+    left = list(found)
+    matches = []
+    for t in truth:
+        best = None
+        for a in left:
+            if a.kind == t.kind and _involved(a) & _involved(t) and _overlaps(a, t, slack_ns):
+                best = a
+                break
+        if best is not None:
+            left.remove(best)
+        matches.append(Match(t, best))
+    return matches, left
+
+
+# ---------------------------------------------------------------------------------------------
+# figures
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _label(a: Anomaly) -> str:
+    who = f"link {a.link[0]}-{a.link[1]}" if a.link and len(a.link) == 2 else \
+        "ranks " + ",".join(str(r) for r in a.ranks[:4]) + ("…" if len(a.ranks) > 4 else "")
+    return f"{a.kind}/{a.cause} {who}"
+
+
+def iteration_figure(t_end: np.ndarray, dur: np.ndarray, anomalies: Sequence[Anomaly],
+                     t0: int, truth: Sequence[Anomaly] = ()) -> str:
+    """Iteration time over time with anomaly bands; base64 PNG."""
+    fig = Figure(figsize=(10, 3.8))
+    ax = fig.subplots()
+    x = (t_end - t0) / 1e9
+    y = dur / 1e6
+    ax.plot(x, y, lw=1, marker=".", ms=3, color="#333333", label="iteration time")
+    if len(y):
+        ax.axhline(float(np.median(y)), color="#888888", ls="--", lw=0.8, label="median")
+    x_max = float(x.max()) if len(x) else 1.0
+    y_top = float(y.max()) * 1.15 if len(y) else 1.0
+    # not anchored at 0: a 10 % slowdown must be visible
+    y_bottom = float(y.min()) * 0.85 if len(y) else 0.0
+    span = y_top - y_bottom
+    for i, a in enumerate(anomalies):
+        if a.start_ns is None:
+            continue
+        lo = (a.start_ns - t0) / 1e9
+        hi = (a.end_ns - t0) / 1e9 if a.end_ns is not None else x_max
+        color = _COLORS.get(a.cause, "#7f7f7f")
+        ax.axvspan(lo, max(hi, lo + 1e-3), color=color, alpha=0.18, lw=0)
+        ax.text(lo, y_top - span * (0.03 + 0.07 * (i % 4)), " " + _label(a), color=color,
+                fontsize=8, va="top")
+    for i, t in enumerate(truth):
+        if t.start_ns is None:
+            continue
+        lo = (t.start_ns - t0) / 1e9
+        hi = (t.end_ns - t0) / 1e9 if t.end_ns is not None else x_max
+        level = y_bottom + span * (0.015 + 0.025 * (i % 3))
+        ax.plot([lo, hi], [level, level], lw=4, color=_COLORS.get(t.cause, "#7f7f7f"),
+                solid_capstyle="butt", alpha=0.8)
+    ax.set_ylim(y_bottom, y_top)
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title("Iteration time; shaded: diagnosed anomalies"
+                 + ("; bars at the bottom: injected faults" if truth else ""))
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def heatmap_figure(grid: np.ndarray, who: np.ndarray) -> str:
+    """DP x PP heatmap of the imposed wait; base64 PNG."""
+    n_dp, n_pp = grid.shape
+    fig = Figure(figsize=(2.2 + 1.3 * n_pp, 1.4 + 0.45 * n_dp))
+    ax = fig.subplots()
+    image = ax.imshow(grid, cmap="magma_r", aspect="auto", vmin=0)
+    fig.colorbar(image, ax=ax, label="peers' wait (ms / iteration)")
+    ax.set_xticks(range(n_pp), [f"pp{j}" for j in range(n_pp)])
+    ax.set_yticks(range(n_dp), [f"dp{i}" for i in range(n_dp)])
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("data-parallel replica")
+    top = float(grid.max()) if grid.size else 0.0
+    for i in range(n_dp):
+        for j in range(n_pp):
+            dark = top > 0 and grid[i, j] > 0.55 * top
+            ax.text(j, i, f"r{who[i, j]}\n{grid[i, j]:.1f}", ha="center", va="center",
+                    fontsize=7, color="white" if dark else "black")
+    ax.set_title("Who holds up the collectives")
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:left}
+th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.found{color:#1a7f37;font-weight:600}.missed{color:#cf222e;font-weight:600}
+.muted{color:#666}img{max-width:100%}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _sec(ns: int | None, t0: int) -> str:
+    return "" if ns is None else f"{(ns - t0) / 1e9:.1f}"
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "" if x is None else fmt.format(x)
+
+
+def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
+    head = ("<tr><th>id</th><th>kind</th><th>cause</th><th>ranks</th><th>link</th>"
+            "<th>comm kind</th><th>stage</th><th>start (s)</th><th>detected (s)</th>"
+            "<th>end (s)</th><th>slowdown</th><th>R</th><th>P</th></tr>")
+    rows = []
+    for a in anomalies:
+        link = "" if not a.link else "–".join(str(r) for r in a.link)
+        rows.append(
+            f'<tr class="anomaly"><td>{_e(a.id)}</td><td>{_e(a.kind)}</td>'
+            f"<td>{_e(a.cause)}</td><td>{_e(', '.join(str(r) for r in a.ranks))}</td>"
+            f"<td>{_e(link)}</td><td>{_e(a.comm_kind)}</td><td>{_e(a.stage)}</td>"
+            f'<td class="num">{_sec(a.start_ns, t0)}</td>'
+            f'<td class="num">{_sec(a.detected_ns, t0)}</td>'
+            f'<td class="num">{_sec(a.end_ns, t0)}</td>'
+            f'<td class="num">{_num(a.slowdown)}</td><td class="num">{_num(a.R)}</td>'
+            f'<td class="num">{_num(a.P)}</td></tr>')
+    if not rows:
+        rows.append('<tr><td colspan="13" class="muted">no anomalies</td></tr>')
+    return f'<table id="anomalies">{head}{"".join(rows)}</table>'
+
+
+def truth_rows(matches: Sequence[Match], extra: Sequence[Anomaly], t0: int) -> str:
+    head = ("<tr><th>injected</th><th>ranks / link</th><th>start (s)</th><th>end (s)</th>"
+            "<th>result</th><th>diagnosed as</th></tr>")
+    rows = []
+    for m in matches:
+        t = m.truth
+        status = ('<span class="found">found</span>' if m.found is not None
+                  else '<span class="missed">missed</span>')
+        rows.append(f"<tr><td>{_e(t.kind)}/{_e(t.cause)}</td><td>{_e(_label(t))}</td>"
+                    f'<td class="num">{_sec(t.start_ns, t0)}</td>'
+                    f'<td class="num">{_sec(t.end_ns, t0)}</td><td>{status}</td>'
+                    f"<td>{_e(m.found.id + ': ' + _label(m.found)) if m.found else ''}</td>"
+                    "</tr>")
+    for a in extra:
+        rows.append(f"<tr><td class=muted>(not injected)</td><td>{_e(_label(a))}</td>"
+                    f'<td class="num">{_sec(a.start_ns, t0)}</td>'
+                    f'<td class="num">{_sec(a.end_ns, t0)}</td>'
+                    f"<td>extra</td><td>{_e(a.id)}</td></tr>")
+    return f'<table id="truth">{head}{"".join(rows)}</table>'
+
+
+def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iterations: pa.Table,
+                 rounds: pa.Table, truth: Diagnosis | None = None,
+                 title: str | None = None) -> Path:
+    """Write the report of one job to ``path`` (one HTML file) and return its path."""
+    t_end, dur = job_iterations(iterations)
+    starts = [int(pc.min(iterations.column("t_start")).as_py())] if iterations.num_rows else []
+    starts += [int(pc.min(rounds.column("t_first_enter")).as_py())] if rounds.num_rows else []
+    t0 = min(starts) if starts else meta.t
+    anomalies = sorted(diagnosis.anomalies, key=lambda a: (a.start_ns or 0, a.id))
+    truth_list = list(truth.anomalies) if truth is not None else []
+    iter_png = iteration_figure(t_end, dur, anomalies, t0, truth_list)
+    grid, who = wait_grid(meta, rounds, len(dur))
+    heat_png = heatmap_figure(grid, who)
+    median_ms = float(np.median(dur)) / 1e6 if len(dur) else float("nan")
+    whatif = diagnosis.whatif or {}
+    facts = [
+        ("job", meta.job), ("ranks", meta.world_size),
+        ("parallelism", f"tp{meta.tp} pp{meta.pp} dp{meta.dp} cp{meta.cp}"),
+        ("schedule", f"{meta.schedule}, {meta.microbatches} micro-batches"),
+        ("iterations", len(dur)), ("median iteration", f"{median_ms:.1f} ms"),
+        ("rounds", rounds.num_rows), ("anomalies", len(anomalies)),
+    ]
+    if whatif.get("slowdown") is not None:
+        facts.append(("what-if slowdown", f"{whatif['slowdown']:.2f}x"))
+    facts_html = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+    truth_html = ""
+    if truth is not None:
+        matches, extra = match_truth(anomalies, truth_list)
+        found = sum(m.found is not None for m in matches)
+        truth_html = (f"<h2>Against the injected faults: {found} of {len(matches)} found"
+                      f"</h2>{truth_rows(matches, extra, t0)}")
+    name = title or f"failslow report: {meta.job}"
+    doc = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>{_e(name)}</h1>
+<table id="facts">{facts_html}</table>
+<h2>Iteration time</h2>
+<img id="iterations" alt="iteration time over time with anomaly bands"
+ src="data:image/png;base64,{iter_png}">
+<h2>Per-rank wait imposed on peers (DP x PP)</h2>
+<p class="muted">For every collective round (point-to-point transfers left out), the time
+between the first and the last member entering is charged to the last one; cells show ms
+per iteration, the largest over the ranks of the cell (rank shown). A slow rank lights its
+cell; the rest of its replica's row warms up because its pipeline is late at the DP
+all-reduce.</p>
+<img id="heatmap" alt="DP x PP heatmap of the wait each rank imposes on its peers"
+ src="data:image/png;base64,{heat_png}">
+<h2>Anomalies</h2>
+{anomaly_rows(anomalies, t0)}
+{truth_html}
+<p class="muted">Times in seconds since {t0} ns (Unix epoch).</p>
+</body></html>
+"""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    return out

@@ -1,0 +1,192 @@
+"""Where the stream processor writes: the sink contract, the ``anomalies`` record, and an
+in-memory sink for tests.
+
+The contract follows the shape of a streaming sink with checkpoints: the processor collects
+the records of many messages, hands them to :meth:`Sink.write` in one :class:`SinkBatch` and
+commits the input offsets only after the write returned (at-least-once delivery). A sink that
+cannot take more right now raises :class:`SinkBackpressureError`; the processor then stops
+consuming, waits ``retry_after`` seconds and offers the *same* batch again (same
+``token``), so a sink may use the token to make a retried write idempotent.
+
+The anomalies table holds one row per anomaly *report* (diagnosis.md: a stream processor
+stores one anomaly per row); a detector reports an anomaly when it opens and again, same id,
+when it ends, so rows carry a ``version`` and the latest version of a (job, id) wins.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from failslow.diagnosis import Anomaly
+
+#: One row per anomaly report; ``version`` orders reports of the same (job, id).
+ANOMALY_SCHEMA = pa.schema([
+    pa.field("job", pa.string(), nullable=False),
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("version", pa.uint64(), nullable=False),
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("cause", pa.string(), nullable=False),
+    pa.field("ranks", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
+    # empty when the anomaly names no link (``link: null`` in the diagnosis)
+    pa.field("link", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
+    pa.field("comm", pa.uint64(), nullable=True),
+    pa.field("comm_kind", pa.string(), nullable=True),
+    pa.field("stage", pa.string(), nullable=True),
+    pa.field("start_ns", pa.int64(), nullable=True),
+    pa.field("detected_ns", pa.int64(), nullable=True),
+    pa.field("end_ns", pa.int64(), nullable=True),
+    pa.field("slowdown", pa.float64(), nullable=True),
+    pa.field("R", pa.float64(), nullable=True),
+    pa.field("P", pa.float64(), nullable=True),
+    pa.field("extra", pa.string(), nullable=False),  # JSON object of the unknown fields
+    pa.field("reported_ns", pa.int64(), nullable=False),  # wall time of the report
+])
+
+
+@dataclass(frozen=True)
+class AnomalyReport:
+    """One anomaly as reported for one job at one version."""
+
+    job: str
+    anomaly: Anomaly
+    version: int
+    reported_ns: int
+
+
+def anomalies_table(reports: Iterable[AnomalyReport]) -> pa.Table:
+    """Reports as a table of :data:`ANOMALY_SCHEMA`."""
+    rows: list[dict[str, Any]] = []
+    for r in reports:
+        a = r.anomaly
+        rows.append({
+            "job": r.job, "id": a.id, "version": r.version, "kind": a.kind, "cause": a.cause,
+            "ranks": [int(x) for x in a.ranks], "link": [int(x) for x in (a.link or [])],
+            "comm": a.comm, "comm_kind": a.comm_kind, "stage": a.stage,
+            "start_ns": a.start_ns, "detected_ns": a.detected_ns, "end_ns": a.end_ns,
+            "slowdown": _float(a.slowdown), "R": _float(a.R), "P": _float(a.P),
+            "extra": json.dumps(a.extra, default=_json_default, sort_keys=True),
+            "reported_ns": r.reported_ns,
+        })
+    return pa.Table.from_pylist(rows, schema=ANOMALY_SCHEMA)
+
+
+def anomalies_from_table(table: pa.Table) -> list[tuple[str, Anomaly]]:
+    """Inverse of :func:`anomalies_table`: ``(job, anomaly)`` per row, in row order."""
+    out: list[tuple[str, Anomaly]] = []
+    for row in table.to_pylist():
+        extra = json.loads(row["extra"]) if row.get("extra") else {}
+        link = list(row["link"] or [])
+        out.append((row["job"], Anomaly(
+            id=row["id"], kind=row["kind"], cause=row["cause"], ranks=list(row["ranks"] or []),
+            link=link or None, comm=row["comm"], comm_kind=row["comm_kind"],
+            stage=row["stage"], start_ns=row["start_ns"], detected_ns=row["detected_ns"],
+            end_ns=row["end_ns"], slowdown=row["slowdown"], R=row["R"], P=row["P"],
+            extra=extra if isinstance(extra, dict) else {},
+        )))
+    return out
+
+
+def _float(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+@dataclass
+class SinkBatch:
+    """What one checkpoint writes: tables by destination name (an event kind, ``rounds``,
+    ``iterations`` or ``anomalies``), each with that destination's schema, and a token that
+    is the same when the same batch is offered again."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    token: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self.tables.values())
+
+
+class SinkBackpressureError(Exception):
+    """Raised by :meth:`Sink.write` when the destination cannot take the batch now; the
+    processor pauses consumption for ``retry_after`` seconds and offers the same batch again."""
+
+    def __init__(self, retry_after: float, reason: str = "") -> None:
+        self.retry_after = float(retry_after)
+        super().__init__(reason or f"sink is busy; retry after {retry_after:g} s")
+
+
+class Sink(ABC):
+    """Destination of the processor's records."""
+
+    @abstractmethod
+    def write(self, batch: SinkBatch) -> None:
+        """Store every table of ``batch``; raise :class:`SinkBackpressureError` to be retried.
+        Returning means the rows are durable enough for the input offsets to be committed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+class MemorySink(Sink):
+    """Keeps every written table in memory (for tests and examples)."""
+
+    def __init__(self) -> None:
+        self.batches: list[SinkBatch] = []
+
+    def write(self, batch: SinkBatch) -> None:
+        self.batches.append(batch)
+
+    def table(self, name: str) -> pa.Table | None:
+        """All rows written to ``name``, or None when nothing was."""
+        parts = [b.tables[name] for b in self.batches if name in b.tables]
+        return pa.concat_tables(parts) if parts else None
+
+    def anomalies(self) -> dict[tuple[str, str], Anomaly]:
+        """The latest reported version of each (job, id)."""
+        table = self.table("anomalies")
+        if table is None:
+            return {}
+        versions = table.column("version").to_pylist()
+        latest: dict[tuple[str, str], tuple[int, Anomaly]] = {}
+        for v, (job, a) in zip(versions, anomalies_from_table(table), strict=True):
+            key = (job, a.id)
+            if key not in latest or v >= latest[key][0]:
+                latest[key] = (v, a)
+        return {k: a for k, (_, a) in latest.items()}
+
+
+def select_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` restricted to ``schema``'s columns, cast to its types (extra columns that a
+    producer may add are not stored)."""
+    if table.schema.equals(schema):
+        return table
+    arrays = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def concat(tables: Mapping[str, list[pa.Table]]) -> dict[str, pa.Table]:
+    """Concatenate per destination, dropping destinations without rows."""
+    out: dict[str, pa.Table] = {}
+    for name, parts in tables.items():
+        parts = [p for p in parts if p.num_rows]
+        if parts:
+            out[name] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    return out

@@ -1,0 +1,337 @@
+"""KafkaTransport against a real Apache Kafka broker (KRaft, one node, 127.0.0.1).
+
+The broker is started once per session with failslow.infra (infra/kafka/kafka.sh) on free
+ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one. If it cannot start, the
+tests fail with the broker's log tail; they skip (with the reason) only outside CI when Java or
+Maven is missing. Every test uses its own topic prefix and consumer groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from failslow import events, infra
+from failslow.stream.kafka import KafkaTransport
+from failslow.stream.transport import (
+    ANOMALIES_TOPIC,
+    Message,
+    decode,
+    encode,
+    event_headers,
+    topic_for,
+)
+
+COLL = topic_for("coll")
+BIG_COMMS = np.array([2**64 - 1, 2**63 + 12345, 7, 2**40 + 1], dtype=np.uint64)
+
+
+@dataclass
+class Broker:
+    bootstrap: str
+    state_dir: Path | None  # None: an external broker ($FAILSLOW_KAFKA), not ours to restart
+    port: int = 0
+    controller_port: int = 0
+
+
+def _prerequisites_or_skip() -> None:
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing and not (infra.lib_dir() / ".complete").exists():
+        reason = f"Kafka tests need {' and '.join(missing)} to run a broker"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (CI must run them)")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    external = os.environ.get(infra.ENV_BOOTSTRAP)
+    if external:
+        if not infra.probe(external, timeout=10):
+            pytest.fail(f"{infra.ENV_BOOTSTRAP}={external} does not answer")
+        yield Broker(external, None)
+        return
+    _prerequisites_or_skip()
+    state = tmp_path_factory.mktemp("kafka-state")
+    try:
+        status = infra.kafka_up(0, state_dir=state, max_lifetime=3 * 3600, timeout=150)
+    except infra.InfraError as e:
+        pytest.fail(f"the Kafka broker did not start: {e}", pytrace=False)
+    assert status.port and status.controller_port
+    try:
+        yield Broker(status.bootstrap, state, status.port, status.controller_port)
+    finally:
+        infra.kafka_down(state)
+
+
+def sim_coll(job: str, rounds: int, ranks: int = 8, seed: int = 0) -> pa.Table:
+    """Simulated all-reduce rounds: enter and end rows per rank per round, uint64 comm ids
+    over the full range, nullable columns partly null."""
+    rng = np.random.default_rng(seed)
+    n = rounds * ranks * 2
+    rnd = np.repeat(np.arange(rounds), ranks * 2)
+    rank = np.tile(np.repeat(np.arange(ranks), 2), rounds).astype(np.int32)
+    phase = np.tile([events.ENTER, events.END], rounds * ranks).astype(np.int8)
+    t_enter = 1_750_000_000_000_000_000 + rnd * 10_000_000 + rng.integers(0, 1_000_000, n)
+    t = t_enter + phase.astype(np.int64) * 2_000_000
+    t_start = np.where(phase == events.END, t - 1_000_000, events.NULL_TIME)
+    counts = np.where(phase == events.END, rng.integers(0, 2**63, n, dtype=np.uint64)
+                      + np.uint64(2**63), events.NULL_COUNT).astype(np.uint64)
+    cols = {
+        "job": job, "rank": rank, "comm": BIG_COMMS[rnd % len(BIG_COMMS)],
+        "comm_rank": rank, "comm_size": np.full(n, ranks, np.int32),
+        "seq": (rnd // len(BIG_COMMS)).astype(np.uint64),
+        "op": np.full(n, events.OP["allreduce"], np.int8),
+        "bytes": np.full(n, 1 << 20, np.uint64), "peer": np.full(n, -1, np.int32),
+        "phase": phase, "t": t.astype(np.int64), "t_start": t_start.astype(np.int64),
+        "send_count": counts, "recv_count": counts,
+    }
+    return events.from_columns(cols, "coll")
+
+
+def transport(broker: Broker, **kw: Any) -> KafkaTransport:
+    kw.setdefault("group_id", f"g-{uuid.uuid4().hex[:8]}")
+    return KafkaTransport(broker.bootstrap, **kw)
+
+
+def consume(tr: KafkaTransport, n: int, timeout: float = 30.0) -> list[Message]:
+    """Poll until ``n`` messages arrived (or ``timeout``)."""
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += tr.poll(500, timeout=1.0)
+    return got
+
+
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+def test_roundtrip_identical_rows_keys_headers(broker: Broker) -> None:
+    pfx = prefix()
+    jobs = ["job-a", "job.b_2"]
+    sent: dict[str, list[pa.Table]] = {j: [] for j in jobs}
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL, ANOMALIES_TOPIC],
+                   partitions=3) as tr:
+        assert tr.wait_connected(20)
+        for i in range(12):
+            job = jobs[i % 2]
+            table = sim_coll(job, rounds=5 + i, seed=i)
+            sent[job].append(table)
+            assert tr.publish(COLL, job, table) == -1
+        tr.produce(ANOMALIES_TOPIC, "job-a", b'{"x": 1}', {"content-type": "application/json"})
+        assert tr.flush(20)
+        stats = tr.stats()
+        assert (stats["sent"], stats["dropped"], stats["errors"]) == (13, 0, 0)
+
+        got = consume(tr, 13)
+    assert len(got) == 13
+    anomalies = [m for m in got if m.topic == ANOMALIES_TOPIC]
+    assert [(m.key, m.value, m.headers) for m in anomalies] == [
+        ("job-a", b'{"x": 1}', {"content-type": "application/json"})]
+    colls = [m for m in got if m.topic == COLL]
+    assert {m.topic for m in colls} == {COLL}  # logical names, prefix stripped
+    for job in jobs:
+        mine = sorted((m for m in colls if m.key == job), key=lambda m: m.offset)
+        assert all(m.headers == event_headers("coll") for m in mine)
+        assert all(m.timestamp_ns > 0 for m in mine)
+        tables = [decode(m)[1] for m in mine]  # decode checks key == every row's job
+        assert len(tables) == len(sent[job])
+        for got_t, want_t in zip(tables, sent[job], strict=True):
+            assert got_t.equals(want_t)
+            assert got_t.column("comm").type == pa.uint64()
+        comms = pa.concat_tables(tables).column("comm").to_numpy()
+        assert comms.max() == np.uint64(2**64 - 1)
+    for job in jobs:  # key = job: one partition per job, offsets count per partition
+        assert len({m.partition for m in colls if m.key == job}) == 1
+    for part in {m.partition for m in colls}:
+        offsets = sorted(m.offset for m in colls if m.partition == part)
+        assert offsets == list(range(len(offsets)))
+
+
+def test_large_table_is_split_and_reassembled(broker: Broker) -> None:
+    table = sim_coll("big-job", rounds=400, seed=3)  # 6400 rows, ~600 kB encoded
+    with transport(broker, topic_prefix=prefix(), subscribe=[COLL],
+                   max_message_bytes=100_000) as tr:
+        assert tr.wait_connected(20)
+        tr.publish(COLL, "big-job", table)
+        assert tr.flush(20)
+        n = tr.stats()["sent"]
+        assert n > 5
+        got = consume(tr, n)
+    assert len(got) == n
+    assert all(len(m.value) <= 100_000 for m in got)
+    parts = [decode(m)[1] for m in sorted(got, key=lambda m: m.offset)]
+    assert pa.concat_tables(parts).equals(table)
+
+
+def test_offsets_commit_only_on_commit(broker: Broker) -> None:
+    pfx, group = prefix(), f"g-{uuid.uuid4().hex[:8]}"
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group) as tr:
+        assert tr.wait_connected(20)
+        for i in range(5):
+            tr.publish(COLL, "j1", sim_coll("j1", 2, seed=i))
+        assert tr.flush(20)
+        first = consume(tr, 5)
+        assert [m.offset for m in first] == [0, 1, 2, 3, 4]
+        # closed without commit()
+
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group,
+                   linger_ms=5000) as again:
+        assert again.wait_connected(20)
+        reread = consume(again, 5)
+        assert [m.offset for m in reread] == [0, 1, 2, 3, 4]
+        assert [m.value for m in reread] == [m.value for m in first]
+        # As the processor does: publish a report, then commit the input. The commit waits
+        # for the report's acknowledgement (not for the 5 s linger).
+        again.produce(ANOMALIES_TOPIC, "j1", b"{}", {})
+        assert again.stats()["pending"] == 1
+        t0 = time.monotonic()
+        again.commit()
+        assert time.monotonic() - t0 < 4
+        stats = again.stats()
+        assert (stats["pending"], stats["sent"], stats["commits"]) == (0, 1, 1)
+        assert again.committed(COLL) == 5
+
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group) as after:
+        assert after.poll(100, timeout=3.0) == []
+        after.publish(COLL, "j1", sim_coll("j1", 1, seed=9))
+        assert after.flush(20)
+        rest = consume(after, 1)
+        assert [m.offset for m in rest] == [5]
+
+
+def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
+    table = sim_coll("j1", rounds=40, seed=1)
+    size = len(encode("coll", table))
+    budget = 5 * size + size // 2  # room for 5 messages
+    # A long linger keeps the first messages unacknowledged while the buffer fills up.
+    with transport(broker, topic_prefix=prefix(), subscribe=[COLL], buffer_memory=budget,
+                   linger_ms=2000, batch_size=4 * 1024 * 1024, on_full="drop",
+                   max_block_ms=5000) as tr:
+        assert tr.wait_connected(20)
+        took = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            tr.publish(COLL, "j1", table)
+            took.append(time.monotonic() - t0)
+        stats = tr.stats()
+        assert stats["dropped"] == 15, stats
+        assert stats["pending"] == 5 and stats["pending_bytes"] <= budget
+        assert max(took[5:]) < 0.2, took  # dropping does not wait for max_block_ms
+        assert tr.flush(20)
+        stats = tr.stats()
+        assert (stats["sent"], stats["dropped"], stats["errors"]) == (5, 15, 0)
+        assert len(consume(tr, 5)) == 5
+        assert tr.poll(100, timeout=1.0) == []
+
+    with transport(broker, topic_prefix=prefix(), subscribe=[COLL], buffer_memory=budget,
+                   linger_ms=3000, batch_size=4 * 1024 * 1024, on_full="block",
+                   max_block_ms=400) as blocking:
+        assert blocking.wait_connected(20)
+        for _ in range(5):
+            blocking.publish(COLL, "j1", table)
+        t0 = time.monotonic()
+        blocking.publish(COLL, "j1", table)
+        waited = time.monotonic() - t0
+        assert 0.35 <= waited < 1.5, waited  # waited max_block_ms for room, then dropped
+        assert blocking.stats()["dropped"] == 1
+
+
+def test_broker_restart_mid_stream_loses_nothing_acknowledged(broker: Broker) -> None:
+    if broker.state_dir is None:
+        pytest.skip(f"{infra.ENV_BOOTSTRAP} names an external broker; cannot restart it")
+    total, pfx = 300, prefix()
+    published = threading.Event()
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], linger_ms=5) as tr:
+        assert tr.wait_connected(20)
+
+        def produce() -> None:
+            for i in range(total):
+                one = sim_coll("restart-job", 1, ranks=2, seed=i)
+                tr.publish(COLL, "restart-job",
+                           one.set_column(5, "seq", pa.array([i] * one.num_rows, pa.uint64())))
+                time.sleep(0.02)
+            published.set()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        time.sleep(1.5)
+        assert tr.stats()["sent"] > 10
+        assert infra.kafka_down(broker.state_dir, timeout=30)
+        down_at = tr.stats()["sent"]
+        time.sleep(1.0)
+        assert tr.stats()["pending"] > 0  # published while the broker was down
+        infra.kafka_up(broker.port, controller_port=broker.controller_port,
+                       state_dir=broker.state_dir, max_lifetime=3 * 3600, timeout=150)
+        thread.join(60)
+        assert published.is_set()
+        assert tr.flush(60)
+        stats = tr.stats()
+        assert stats["sent"] > down_at
+        assert (stats["sent"], stats["dropped"], stats["errors"]) == (total, 0, 0), stats
+
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], produce=False) as reader:
+        got = consume(reader, total, timeout=60)
+    seqs = [int(decode(m)[1].column("seq")[0].as_py()) for m in got]
+    assert sorted(set(seqs)) == list(range(total))  # nothing acknowledged was lost
+    assert len(seqs) == total  # and the idempotent producer wrote nothing twice
+    assert seqs == sorted(seqs)  # one job, one partition: in order
+
+
+def test_infra_status_cli_reports_the_running_broker(broker: Broker) -> None:
+    if broker.state_dir is None:
+        pytest.skip(f"{infra.ENV_BOOTSTRAP} names an external broker")
+    status = infra.kafka_status(broker.state_dir, check=True)
+    assert status.running and status.ready and status.port == broker.port
+    assert status.stops_at is not None and status.stops_at > time.time()
+    out = subprocess.run(
+        [sys.executable, "-m", "failslow.infra", "status", "--state-dir", str(broker.state_dir),
+         "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["running"] and data["bootstrap"] == broker.bootstrap and data["ready"]
+    # `up` on a running broker of the same state dir leaves it alone.
+    again = infra.kafka_up(broker.port, state_dir=broker.state_dir)
+    assert again.pid == status.pid
+
+
+def test_broker_stops_by_itself_after_max_lifetime(broker: Broker,
+                                                   tmp_path: Path) -> None:
+    if broker.state_dir is None:
+        pytest.skip("needs the local broker set-up")
+    status = infra.kafka_up(0, state_dir=tmp_path, max_lifetime=4, timeout=60, heap="256m")
+    assert status.running
+    deadline = time.monotonic() + 40
+    while infra.kafka_status(tmp_path).running and time.monotonic() < deadline:
+        time.sleep(0.5)
+    try:
+        assert not infra.kafka_status(tmp_path).running
+    finally:
+        infra.kafka_down(tmp_path)
+
+
+def test_a_broker_that_cannot_start_fails_with_its_log_tail(broker: Broker,
+                                                            tmp_path: Path) -> None:
+    if broker.state_dir is None:
+        pytest.skip("needs the local broker set-up")
+    t0 = time.monotonic()
+    with pytest.raises(infra.InfraError, match="exited with status") as err:
+        infra.kafka_up(0, state_dir=tmp_path, heap="1k", timeout=60)  # no JVM starts on 1 kB
+    assert "heap" in str(err.value).lower()  # the JVM's complaint, from the log tail
+    assert time.monotonic() - t0 < 30
+    assert not infra.kafka_status(tmp_path).running
