@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs and runs all of it. README.md and .ci/run call this.
+# The Kafka broker (infra/kafka, fetched from Maven Central) is started by the test session
+# itself and stopped at its end; headless Chromium comes from Debian's packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "== installing Debian's chromium (headless page tests)"
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
+fi
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[all]'
 
