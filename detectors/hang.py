@@ -1427,7 +1427,7 @@ def _bench_case(scenario: Any, seed: int, config: HangConfig | None, tail_ns: in
     from failslow.simulator import simulate
 
     result = simulate(scenario, seed=seed)
-    tables = {}
+    tables: dict[str, pa.Table] = {}
     for kind in ("coll", "progress", "link"):
         if kind in result.kinds:
             parts = list(result.iter_tables(kind))

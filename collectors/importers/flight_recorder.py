@@ -670,6 +670,9 @@ def _info(dumps: Mapping[int, Mapping[str, Any]], sources: Mapping[int, str],
         "only_incomplete_entries": bool(ops) and states != ["completed"]
         and "completed" not in states,
         "observed_until_ns": max((op.t_enter for _, op in ops), default=None),
+        # Flight Recorder dumps are taken when the watchdog declares the job stuck: an
+        # operation in flight in the dump never completed (failslow analyze --post-mortem).
+        "post_mortem": True,
         "earliest_timeout_deadline_ns": min(timeouts, default=None),
         "seq_mapping": {
             "collective": "comm = hash(pg name, ranks); seq = collective_seq_id - 1 "

@@ -1,0 +1,406 @@
+"""Change points in a stream of iteration times (Greyhound §4.2, "Slow iteration detection").
+
+Two detectors of level shifts:
+
+* :class:`BOCD`, Bayesian online change-point detection (Adams & MacKay 2007) with a
+  Normal-Gamma conjugate prior, a Student-t posterior predictive and a constant hazard. The
+  run-length posterior is truncated to ``max_run`` entries, so one step costs O(max_run)
+  and is a handful of numpy operations over all run lengths at once. It works on
+  ``log(iteration time)`` so that a threshold is a relative change whatever the scale.
+* a sliding-window baseline detector (:func:`window_candidates`): the median of the last
+  ``w`` values against the median of the ``W`` values before them.
+
+Both only propose candidates. Greyhound's verification step then compares the mean before
+and after a candidate and drops it as jitter if they differ by less than 10%. We verify
+against the *pre-anomaly baseline* instead of only the neighbouring segment: a slow-down
+that builds up over several small steps (each under 10%) is still caught, and the relief
+is the return to that baseline, not any downward step. The threshold is the larger of a
+floor (5%) and the baseline's own noise (4 robust sigmas, shrinking with the number of
+values tested), so quiet jobs are held to a tighter bound than Greyhound's fixed 10% (the
+simulator's default straggler costs 11%, and noisy iterations of it fall below 10%) while
+noisy jobs are not flagged for their jitter. :class:`ChangeTracker` holds that state
+machine (normal / anomalous) over a stream and reports onsets and reliefs;
+:func:`changepoints` runs it over a whole series.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+#: The relative change below which a level shift is jitter (Greyhound §4.2: 10%).
+DEFAULT_THRESHOLD = 0.10
+
+
+@dataclass
+class BOCDConfig:
+    """Hyper-parameters of :class:`BOCD` (values on the log scale)."""
+
+    hazard: float = 1.0 / 100.0  # constant hazard H = 1/lambda
+    max_run: int = 128  # truncation of the run-length posterior
+    kappa0: float = 0.05  # prior pseudo-count of the mean
+    alpha0: float = 2.0  # Gamma shape of the precision
+    sigma0: float = 0.03  # prior noise scale (3% in log-time)
+    cp_mass: float = 0.9  # posterior mass on short runs that makes a candidate (Greyhound: 0.9)
+    short_run: int = 4  # "short" run lengths: r <= short_run
+
+
+class BOCD:
+    """Adams & MacKay's run-length posterior over a univariate stream (Greyhound §4.2, 1)).
+
+    ``update(x)`` returns the index of a change-point candidate, or None. A candidate is
+    reported when the posterior mass on run lengths ``<= short_run`` exceeds ``cp_mass``;
+    its index is the start of the most probable short run. Each change is reported once.
+    """
+
+    def __init__(self, config: BOCDConfig | None = None) -> None:
+        self.config = config or BOCDConfig()
+        self.t = 0  # observations seen
+        self.mu0 = math.nan  # prior mean, set from the first observation
+        self.log_r = np.zeros(1)  # log P(r_t = r | x_1:t), r = 0..len-1
+        self.mu = np.zeros(1)
+        self.kappa = np.zeros(1)
+        self.alpha = np.zeros(1)
+        self.beta = np.zeros(1)
+        self.last_cp = 0  # index of the last reported change (start of the current run)
+        a = self.config.alpha0 + 0.5 * np.arange(self.config.max_run + 1)
+        self._lgamma_ratio = np.array([math.lgamma(v + 0.5) - math.lgamma(v) for v in a])
+
+    def _prior(self) -> tuple[float, float, float, float]:
+        c = self.config
+        return self.mu0, c.kappa0, c.alpha0, c.alpha0 * c.sigma0 ** 2
+
+    def update(self, x: float) -> int | None:
+        c = self.config
+        if self.t == 0:
+            self.mu0 = float(x)
+            mu, kappa, alpha, beta = self._prior()
+            # r_1 = 1: the first observation opens the first run
+            self.mu = np.array([mu, (kappa * mu + x) / (kappa + 1)])
+            self.kappa = np.array([kappa, kappa + 1])
+            self.alpha = np.array([alpha, alpha + 0.5])
+            self.beta = np.array([beta, beta])
+            self.log_r = np.array([-np.inf, 0.0])
+            self.t = 1
+            return None
+        # Student-t predictive of x under every run length (vectorized over r); alpha at
+        # index r is alpha0 + r/2, so the Gamma-function terms come from a fixed table
+        scale2 = self.beta * (self.kappa + 1) / (self.alpha * self.kappa)
+        nu = 2 * self.alpha
+        z = (x - self.mu) ** 2 / (nu * scale2)
+        log_pred = (self._lgamma_ratio[:len(nu)] - 0.5 * np.log(nu * np.pi * scale2)
+                    - (nu + 1) / 2 * np.log1p(z))
+        log_joint = self.log_r + log_pred
+        log_growth = log_joint + math.log1p(-c.hazard)
+        log_cp = np.logaddexp.reduce(log_joint) + math.log(c.hazard)
+        # r_t = 0 is "a run starts after x_t"; r_t = r + 1 grows the run containing x_t
+        new_log_r = np.concatenate(([log_cp], log_growth))
+        mu, kappa, alpha, beta = self._prior()
+        new_mu = np.concatenate(([mu], (self.kappa * self.mu + x) / (self.kappa + 1)))
+        new_beta = np.concatenate(([beta], self.beta + self.kappa * (x - self.mu) ** 2
+                                   / (2 * (self.kappa + 1))))
+        new_kappa = np.concatenate(([kappa], self.kappa + 1))
+        new_alpha = np.concatenate(([alpha], self.alpha + 0.5))
+        if len(new_log_r) > c.max_run:
+            # truncation: fold the tail into the longest kept run length
+            tail = np.logaddexp.reduce(new_log_r[c.max_run - 1:])
+            new_log_r = new_log_r[:c.max_run]
+            new_log_r[-1] = tail
+            new_mu, new_beta = new_mu[:c.max_run], new_beta[:c.max_run]
+            new_kappa, new_alpha = new_kappa[:c.max_run], new_alpha[:c.max_run]
+        new_log_r -= np.logaddexp.reduce(new_log_r)
+        self.log_r, self.mu, self.beta = new_log_r, new_mu, new_beta
+        self.kappa, self.alpha = new_kappa, new_alpha
+        self.t += 1
+        short = np.exp(new_log_r[1:c.short_run + 1])
+        if short.sum() < c.cp_mass:
+            return None
+        run = 1 + int(np.argmax(short))  # observations in the most probable short run
+        start = self.t - run
+        if start <= self.last_cp:
+            return None
+        self.last_cp = start
+        return start
+
+    def run_length_posterior(self) -> np.ndarray:
+        return np.exp(self.log_r)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"t": self.t, "mu0": None if math.isnan(self.mu0) else self.mu0,
+                "log_r": _floats(self.log_r), "mu": _floats(self.mu),
+                "kappa": _floats(self.kappa), "alpha": _floats(self.alpha),
+                "beta": _floats(self.beta), "last_cp": self.last_cp}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.t = int(state["t"])
+        self.mu0 = math.nan if state["mu0"] is None else float(state["mu0"])
+        for name in ("log_r", "mu", "kappa", "alpha", "beta"):
+            setattr(self, name, _array(state[name]))
+        self.last_cp = int(state["last_cp"])
+
+
+def _floats(a: np.ndarray) -> list[float | str]:
+    """JSON-safe floats (``-inf`` is kept as a string)."""
+    return [float(v) if math.isfinite(v) else str(float(v)) for v in a]
+
+
+def _array(values: list[Any]) -> np.ndarray:
+    return np.array([float(v) for v in values], dtype=np.float64)
+
+
+def bocd_candidates(series: np.ndarray, config: BOCDConfig | None = None) -> list[int]:
+    """Unverified BOCD change-point candidates of ``series`` (positive values, log scale)."""
+    detector = BOCD(config)
+    out = []
+    for x in np.log(np.asarray(series, dtype=np.float64)):
+        cp = detector.update(float(x))
+        if cp is not None:
+            out.append(cp)
+    return out
+
+
+def window_candidates(series: np.ndarray, w: int = 3, big_w: int = 10,
+                      threshold: float = DEFAULT_THRESHOLD) -> list[int]:
+    """Sliding-window baseline detector: index ``i`` is a candidate when the median of
+    ``series[i:i+w]`` and ``series[i]`` itself differ from the median of ``series[i-W:i]``
+    by more than ``threshold``; a run of such indices yields its first index."""
+    x = np.asarray(series, dtype=np.float64)
+    n = len(x)
+    if n < w + 2:
+        return []
+    idx = np.arange(1, n - w + 1)
+    before = np.array([np.median(x[max(0, i - big_w):i]) for i in idx])
+    after = np.array([np.median(x[i:i + w]) for i in idx])
+    first = x[idx]
+    hit = (np.abs(after / before - 1.0) > threshold) & (np.abs(first / before - 1.0) > threshold)
+    starts = idx[hit & ~np.concatenate(([False], hit[:-1]))]
+    return [int(i) for i in starts]
+
+
+# ---------------------------------------------------------------------------------------------
+# verification and the online state machine
+
+
+@dataclass
+class Change:
+    """A verified change: ``kind`` is ``onset`` (slower than baseline) or ``relief``."""
+
+    kind: str
+    index: int  # first iteration of the new level
+    detected_index: int  # the iteration whose arrival confirmed it
+    baseline: float  # baseline iteration time (pre-anomaly level)
+    level: float  # iteration time after the change (median of the confirming values)
+
+    @property
+    def ratio(self) -> float:
+        return self.level / self.baseline if self.baseline > 0 else math.nan
+
+
+@dataclass
+class ChangeConfig:
+    """Settings of :class:`ChangeTracker`."""
+
+    method: str = "bocd"  # "bocd" or "window"
+    threshold: float = 0.05  # verification: least relative change vs the baseline ...
+    noise_k: float = 4.0  # ... raised to noise_k x the baseline's robust relative sigma
+    min_baseline: int = 5  # iterations of baseline before an onset can be declared
+    min_after: int = 2  # fewest values of the new level that confirm a change ...
+    max_after: int = 12  # ... and most (noisy jobs need more)
+    baseline_window: int = 50  # the baseline is the median of at most this many values
+    history: int = 512  # values kept
+    window: int = 3  # sliding-window detector: w
+    bocd: BOCDConfig = field(default_factory=BOCDConfig)
+
+
+class ChangeTracker:
+    """Onset and relief of slow-downs over a stream of iteration times (Greyhound §4.2).
+
+    Verification against the pre-anomaly baseline (the median of the healthy iterations,
+    with its robust relative noise ``sigma = 1.4826 MAD / median``): an onset is confirmed
+    when, for some ``n`` in ``[min_after, max_after]``, the last ``n`` values sit above the
+    baseline by more than ``max(threshold, noise_k x sigma / sqrt(n))`` (their minimum for
+    ``n = 2``, so a single GC pause is jitter; their median beyond). Quiet jobs are
+    confirmed after two slow iterations, noisy ones after as many as their noise needs.
+    The onset is the BOCD (or sliding-window) candidate next to the CUSUM estimate of where
+    the new level starts. A relief is confirmed when the last ``n`` values (the same ``n``
+    that confirmed the onset) are back below the midpoint between baseline and anomaly
+    level (the running median of the slow values) and within the onset threshold of the
+    baseline. Speed-ups while healthy (e.g. the end of warm-up) re-learn the baseline; a slow
+    ramp of small steps is caught because the comparison is with the baseline, not with the
+    neighbouring segment.
+    """
+
+    def __init__(self, config: ChangeConfig | None = None) -> None:
+        self.config = config or ChangeConfig()
+        self.values: list[float] = []  # the last `history` values
+        self.offset = 0  # index of values[0] in the stream
+        self.state = "normal"
+        self.seg_start = 0  # first index of the current healthy segment
+        self.baseline = math.nan
+        self.sigma = 0.0  # robust relative noise of the baseline
+        self.level = math.nan  # iteration time of the open anomaly
+        self.n_confirm = self.config.min_after
+        self.onset = -1
+        self.candidates: list[int] = []  # unverified candidate indices
+        self.bocd = BOCD(self.config.bocd)
+
+    @property
+    def n(self) -> int:
+        return self.offset + len(self.values)
+
+    @property
+    def thr(self) -> float:
+        """The verification threshold in force (relative to the baseline)."""
+        return self._thr(self.n_confirm)
+
+    def _thr(self, n: int) -> float:
+        c = self.config
+        return max(c.threshold, c.noise_k * self.sigma / math.sqrt(n))
+
+    def _slice(self, lo: int, hi: int) -> np.ndarray:
+        return np.asarray(self.values[max(0, lo - self.offset):max(0, hi - self.offset)])
+
+    def _baseline_level(self, hi: int) -> tuple[float, float]:
+        """Median and robust relative sigma of the healthy segment before ``hi``."""
+        c = self.config
+        lo = max(self.seg_start, hi - c.baseline_window)
+        seg = self._slice(lo, hi)
+        if not len(seg):
+            return math.nan, 0.0
+        med = float(np.median(seg))
+        return med, 1.4826 * float(np.median(np.abs(seg - med))) / med
+
+    def push(self, value: float) -> list[Change]:
+        """Add one iteration time; return the changes it confirms (at most one)."""
+        c = self.config
+        if not (value > 0 and math.isfinite(value)):
+            return []
+        i = self.n
+        self.values.append(float(value))
+        if len(self.values) > c.history:
+            drop = len(self.values) - c.history
+            self.values = self.values[drop:]
+            self.offset += drop
+        if c.method == "bocd":
+            cp = self.bocd.update(math.log(value))
+            if cp is not None:
+                self.candidates.append(cp)
+        else:
+            lo = max(self.offset, i - c.window - 10)
+            for cand in window_candidates(self._slice(lo, i + 1), c.window, 10, c.threshold):
+                if lo + cand not in self.candidates:
+                    self.candidates.append(lo + cand)
+        self.candidates = [x for x in self.candidates if x > i - 3 * c.max_after - 8]
+        if self.state == "normal":
+            return self._check_onset(i)
+        return self._check_relief(i)
+
+    def _check_onset(self, i: int) -> list[Change]:
+        c = self.config
+        if i - c.min_after + 1 - self.seg_start < c.min_baseline:
+            return []
+        self.baseline, self.sigma = self._baseline_level(i - c.min_after + 1)
+        # speed-up (e.g. the end of warm-up): re-learn the baseline from the faster level
+        tail = self._slice(i - c.min_after + 1, i + 1)
+        if np.all(tail < self.baseline * (1 - self._thr(c.min_after))):
+            self.seg_start = i - c.min_after + 1
+            self.candidates.clear()
+            return []
+        n = self._significant(i)
+        if n == 0:
+            return []
+        tail = self._slice(i - n + 1, i + 1)
+        self.n_confirm = n
+        mid = 0.5 * (self.baseline + float(np.median(tail)))
+        start = self._split(i, n, mid, max(self.seg_start + 1, self.offset), slow=True)
+        self.state, self.onset = "anomalous", start
+        self.candidates.clear()
+        self.level = float(np.median(self._slice(start, i + 1)))
+        return [Change("onset", start, i, self.baseline, self.level)]
+
+    def _significant(self, i: int) -> int:
+        """The smallest ``n`` whose last ``n`` values are significantly above the baseline
+        of the healthy values before them (0: none); sets the baseline and sigma used."""
+        c = self.config
+        for n in range(c.min_after, c.max_after + 1):
+            if i - n + 1 < self.seg_start + c.min_baseline:
+                return 0
+            base, sigma = self._baseline_level(i - n + 1)
+            tail = self._slice(i - n + 1, i + 1)
+            stat = float(tail.min()) if n <= 2 else float(np.median(tail))
+            thr = max(c.threshold, c.noise_k * sigma / math.sqrt(n))
+            if stat > base * (1 + thr):
+                self.baseline, self.sigma = base, sigma
+                return n
+        return 0
+
+    def _split(self, i: int, n: int, mid: float, floor: int, slow: bool) -> int:
+        """Where the new level starts: the CUSUM estimate (the start maximizing the summed
+        excess over ``mid`` up to ``i``), moved to a change-point candidate next to it."""
+        lo = max(floor, i - 2 * n - 4)
+        vals = self._slice(lo, i + 1)
+        excess = (vals - mid) if slow else (mid - vals)
+        gain = np.cumsum(excess[::-1])[::-1]  # sum of excess from each start to i
+        best = lo + int(np.argmax(gain))
+        near = [x for x in self.candidates if abs(x - best) <= 1 and lo <= x <= i]
+        return min(near, key=lambda x: (abs(x - best), x)) if near else best
+
+    def _check_relief(self, i: int) -> list[Change]:
+        n = self.n_confirm
+        if i - n + 1 <= self.onset:
+            return []
+        during = self._slice(self.onset, i - n + 1)
+        level = float(np.median(during)) if len(during) >= 3 else self.level
+        mid = 0.5 * (self.baseline + level)
+        tail = self._slice(i - n + 1, i + 1)
+        stat = float(tail.max()) if n <= 2 else float(np.median(tail))
+        if stat >= mid or stat > self.baseline * (1 + self._thr(n)):
+            return []
+        start = self._split(i, n, mid, self.onset + 1, slow=False)
+        level = float(np.median(self._slice(start, i + 1)))
+        self.state, self.seg_start = "normal", start
+        self.candidates.clear()
+        return [Change("relief", start, i, self.baseline, level)]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"values": list(self.values), "offset": self.offset, "state": self.state,
+                "seg_start": self.seg_start,
+                "baseline": None if math.isnan(self.baseline) else self.baseline,
+                "sigma": self.sigma, "level": None if math.isnan(self.level) else self.level,
+                "n_confirm": self.n_confirm, "onset": self.onset,
+                "candidates": list(self.candidates), "bocd": self.bocd.snapshot()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.values = [float(v) for v in state["values"]]
+        self.offset = int(state["offset"])
+        self.state = str(state["state"])
+        self.seg_start = int(state["seg_start"])
+        self.baseline = math.nan if state["baseline"] is None else float(state["baseline"])
+        self.sigma = float(state["sigma"])
+        self.level = math.nan if state["level"] is None else float(state["level"])
+        self.n_confirm = int(state["n_confirm"])
+        self.onset = int(state["onset"])
+        self.candidates = [int(x) for x in state["candidates"]]
+        self.bocd.restore(state["bocd"])
+
+
+def changepoints(series: np.ndarray, method: str = "bocd",
+                 config: ChangeConfig | None = None) -> list[int]:
+    """Verified change points of a series of iteration times: the first index of every
+    slow-down (onset) and of every return to the baseline (relief), in order.
+
+    ``method`` is ``"bocd"`` (BOCD candidates + verification against the pre-anomaly
+    baseline) or ``"window"`` (sliding-window candidates + the same verification); the
+    test itself also catches sustained shifts BOCD missed.
+    """
+    if method not in ("bocd", "window"):
+        raise ValueError(f"unknown change-point method {method!r} (bocd or window)")
+    cfg = replace(config or ChangeConfig(), method=method)
+    tracker = ChangeTracker(cfg)
+    out: list[int] = []
+    for v in np.asarray(series, dtype=np.float64):
+        out.extend(ch.index for ch in tracker.push(float(v)))
+    return out

@@ -1,0 +1,516 @@
+"""Training iterations from the communication call sequence (Greyhound §4.2, "Iteration
+time analysis").
+
+Per rank, the sequence of operations it enters is periodic with one period per training
+iteration. Each operation becomes a symbol (communicator, op, bytes), so several
+communicators interleaving on one rank (TP collectives, PP send/recv, DP sync) still form
+one sequence with one period. The period is the first lag ``k`` whose autocorrelation
+reaches ``M = 0.95`` (Greyhound's ``argmin_k ACF(X)_k >= M``), computed with
+``statsmodels.tsa.stattools.acf`` on a few deterministic numeric embeddings of the symbols
+(a random projection of their one-hot encoding). We require every multiple of ``k`` to stay
+near the threshold too, so that a sub-period (e.g. the micro-batch pattern of a long 1F1B
+steady state) is not taken for the iteration.
+
+Once the period is known, each iteration starts at one *anchor* operation: the operation
+of the period preceded by the longest pause (typically the first call after the optimizer
+step). The anchor is pinned by its communicator and its ``seq`` residue modulo the number of
+calls on that communicator per period, so boundaries are found in each new batch with one
+vectorized test, and the iteration number ``(seq - residue) // calls`` agrees across ranks
+and across restarts. The first rank to learn its period is the reference: the others anchor
+at the operation closest in time to its boundaries and take its iteration numbers. The
+job's iteration (rank -1) runs from the last rank crossing one boundary to the last rank
+crossing the next, so a delay anywhere shows in exactly one job iteration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from statsmodels.tsa.stattools import acf
+
+from failslow import events, results
+from failslow.detectors.base import EventBatch
+from failslow.events import JobMeta
+
+_U64 = np.uint64
+_M1, _M2, _M3 = _U64(0x9E3779B97F4A7C15), _U64(0xC2B2AE3D27D4EB4F), _U64(0x165667B19E3779F9)
+
+
+@dataclass
+class IterationConfig:
+    """Settings of :class:`IterationTracker`."""
+
+    threshold: float = 0.95  # Greyhound's M
+    multiple_slack: float = 0.05  # multiples of the period must reach threshold - slack
+    min_ops: int = 48  # first attempt to find the period
+    min_commit_ops: int = 96  # the period is committed only on this many ops ...
+    min_commit_periods: int = 4  # ... covering at least this many periods
+    max_lag: int = 20000  # longest period searched (operations)
+    max_buffer: int = 100000  # operations kept per rank while learning
+    projections: int = 4  # numeric embeddings of the symbols for the ACF
+    lost_periods: float = 3.0  # relearn when no anchor was seen for this many periods
+
+
+def symbols(comm: np.ndarray, op: np.ndarray, nbytes: np.ndarray | None) -> np.ndarray:
+    """One uint64 symbol per operation from (communicator, op code, bytes)."""
+    h = comm.astype(np.uint64) * _M1
+    h ^= (op.astype(np.uint64) + _U64(1)) * _M2
+    if nbytes is not None:
+        h ^= nbytes.astype(np.uint64) * _M3
+    h ^= h >> _U64(31)
+    h *= _M1
+    h ^= h >> _U64(29)
+    return h
+
+
+def _embed(sym: np.ndarray, j: int) -> np.ndarray:
+    """The j-th numeric embedding of the symbols: 16 bits of the hash in [-1, 1]."""
+    bits = (sym >> _U64(16 * (j % 4))) & _U64(0xFFFF)
+    if j >= 4:
+        bits = (bits * _U64(40503 + 2 * j)) & _U64(0xFFFF)
+    return bits.astype(np.float64) / 32767.5 - 1.0
+
+
+def pooled_acf(sym: np.ndarray, nlags: int, projections: int = 4) -> np.ndarray:
+    """Autocorrelation of a symbol sequence at lags 0..nlags: the mean of the adjusted
+    ACF (statsmodels) of ``projections`` numeric embeddings. A lag at which the sequence
+    repeats exactly scores 1."""
+    total = np.zeros(nlags + 1)
+    used = 0
+    for j in range(projections):
+        x = _embed(sym, j)
+        if np.ptp(x) == 0:
+            continue
+        total += acf(x, nlags=nlags, adjusted=True, fft=True, missing="none")
+        used += 1
+    return total / used if used else total
+
+
+def find_period(sym: np.ndarray, threshold: float = 0.95, max_lag: int = 20000,
+                slack: float = 0.05, projections: int = 4) -> int:
+    """Greyhound's period, ``argmin_k ACF_k >= M``, among lags whose multiples also reach
+    ``M - slack``; 0 when the sequence shows no period (at least two periods are needed)."""
+    n = len(sym)
+    nlags = min(max_lag, n // 2)
+    if nlags < 1 or len(np.unique(sym)) < 2:
+        return 0
+    r = pooled_acf(sym, nlags, projections)
+    for k in np.flatnonzero(r[1:] >= threshold) + 1:
+        multiples = r[2 * k::k]
+        if np.all(multiples >= threshold - slack):
+            return int(k)
+    return 0
+
+
+@dataclass
+class _Rank:
+    """Per-rank state."""
+
+    period: int = 0  # ops per iteration, 0 while learning
+    anchor_comm: int = 0
+    anchor_mod: int = 1  # calls on anchor_comm per period
+    anchor_res: int = 0
+    offset: int = 0  # added to (seq - res) // mod: iteration numbers of the reference rank
+    last_idx: int = -1  # the latest boundary seen
+    last_t: int = 0
+    next_try: int = 0
+    nobytes: bool = False  # symbols without bytes (bytes vary between iterations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class IterationTracker:
+    """Per-rank and job iteration boundaries and times (Greyhound §4.2), incremental.
+
+    ``update(batch)`` consumes ``coll`` rows (only ``enter`` rows are used) and returns the
+    new rows of :data:`failslow.results.SCHEMAS` ``["iterations"]``: one per completed
+    iteration of a rank, and one per completed iteration of the job (rank -1: median over
+    the ranks' iterations of that number).
+    """
+
+    def __init__(self, meta: JobMeta, config: IterationConfig | None = None) -> None:
+        self.meta = meta
+        self.config = config or IterationConfig()
+        self.ranks: dict[int, _Rank] = {}
+        # learning buffers: rank -> list of arrays (comm, seq, op, bytes, t)
+        self._buf: dict[int, list[np.ndarray]] = {}
+        # job level: per-rank rows of iterations not yet summarized
+        self._pend = np.zeros((0, 4), dtype=np.int64)  # idx, rank, t_start, duration
+        self.job_last_idx = -1
+        self.job: list[tuple[int, int, int]] = []  # (idx, t_start, duration) of the job
+        # the first rank to learn its period is the reference: the others anchor their
+        # iterations at the operation closest in time to its boundaries, and number them
+        # like it, so one delay falls into the same job iteration on every rank
+        self.ref_rank = -1
+        self.ref_bounds = np.zeros((0, 2), dtype=np.int64)  # (idx, t), the latest ones
+        self._nbuf: dict[int, int] = {}  # operations buffered per learning rank
+        # symbols use the communicator's kind when meta names it: ranks with the same role
+        # then have the same sequence, and the period is computed once per role
+        kinds = {c.comm: 1 + events.COMM_KINDS.index(c.kind) for c in meta.comms
+                 if c.kind != "other"}
+        self._kind_ids = np.array(sorted(kinds), dtype=np.uint64)
+        self._kind_codes = np.array([kinds[c] for c in sorted(kinds)], dtype=np.uint64)
+        self._periods: dict[bytes, int] = {}  # cache: symbol sequence digest -> period
+        self._since = np.zeros(0, dtype=np.int64)  # ops since the latest anchor, per rank
+        self._period_cache: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ public summary
+
+    def period_ops(self) -> int | None:
+        """Operations per iteration of the lowest rank whose period is known."""
+        known = sorted(r for r, st in self.ranks.items() if st.period)
+        return self.ranks[known[0]].period if known else None
+
+    def summary(self) -> dict[str, Any] | None:
+        """``{"period_ops", "median_s", "count"}`` of the job (diagnosis.md)."""
+        if not self.job:
+            p = self.period_ops()
+            return None if p is None else {"period_ops": p, "median_s": None, "count": 0}
+        durations = np.array([d for _, _, d in self.job], dtype=np.float64)
+        return {"period_ops": self.period_ops(),
+                "median_s": round(float(np.median(durations)) / 1e9, 6),
+                "count": len(self.job)}
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, batch: EventBatch) -> pa.Table:
+        coll = batch.get("coll")
+        if coll is None or coll.num_rows == 0:
+            return results.empty("iterations")
+        enter = coll.filter(pc.equal(coll.column("phase"), "enter"))
+        if enter.num_rows == 0:
+            return results.empty("iterations")
+        rank = enter.column("rank").to_numpy().astype(np.int64)
+        t = enter.column("t").to_numpy()
+        order = np.lexsort((enter.column("seq").to_numpy(), t, rank))
+        rank, t = rank[order], t[order]
+        comm = enter.column("comm").to_numpy()[order]
+        seq = enter.column("seq").to_numpy()[order].astype(np.int64)
+        op = pc.index_in(enter.column("op"), value_set=pa.array(events.COLL_OPS))
+        opc = op.to_numpy(zero_copy_only=False).astype(np.int64)[order]
+        nbytes = enter.column("bytes").to_numpy()[order]
+
+        new_b: list[np.ndarray] = []  # boundaries (rank, idx, t)
+        uranks, starts, counts = np.unique(rank, return_index=True, return_counts=True)
+        committed = np.array([self.ranks.get(int(r), _Rank()).period > 0 for r in uranks])
+        # committed ranks: one vectorized anchor test over all their rows
+        if committed.any():
+            cm = np.repeat(committed, counts)
+            new_b.append(self._anchors(rank[cm], comm[cm], seq[cm], t[cm]))
+            self._count_ops(uranks[committed], counts[committed], new_b[-1])
+        # learning ranks: buffer, and try to find the period
+        if not committed.all():
+            block = np.stack([comm.view(np.int64), seq, opc, nbytes.astype(np.uint64)
+                              .view(np.int64), t])
+            for r, s, c, is_c in zip(uranks.tolist(), starts.tolist(), counts.tolist(),
+                                     committed.tolist(), strict=True):
+                if is_c:
+                    continue
+                st = self.ranks.get(r)
+                if st is None:
+                    st = self.ranks[r] = _Rank(next_try=self.config.min_ops)
+                self._buf.setdefault(r, []).append(block[:, s:s + c])
+                self._nbuf[r] = self._nbuf.get(r, 0) + c
+                if self._nbuf[r] >= st.next_try or self._nbuf[r] > self.config.max_buffer:
+                    found = self._learn(r, st)
+                    if found is not None:
+                        new_b.append(found)
+        if not new_b:
+            return results.empty("iterations")
+        b = np.concatenate(new_b)
+        rows = self._rank_rows(b)
+        job_rows = self._job_rows(rows)
+        return self._table(np.concatenate([rows, job_rows]))
+
+    def _anchors(self, rank: np.ndarray, comm: np.ndarray, seq: np.ndarray,
+                 t: np.ndarray) -> np.ndarray:
+        """Boundaries (rank, idx, t) among rows of committed ranks (vectorized)."""
+        if len(rank) == 0:
+            return np.zeros((0, 3), dtype=np.int64)
+        keys = np.unique(rank)
+        a_comm = np.array([self.ranks[int(r)].anchor_comm for r in keys], dtype=np.uint64)
+        a_mod = np.array([self.ranks[int(r)].anchor_mod for r in keys], dtype=np.int64)
+        a_res = np.array([self.ranks[int(r)].anchor_res for r in keys], dtype=np.int64)
+        a_off = np.array([self.ranks[int(r)].offset for r in keys], dtype=np.int64)
+        pos = np.searchsorted(keys, rank)
+        hit = (comm == a_comm[pos]) & ((seq - a_res[pos]) % a_mod[pos] == 0)
+        idx = (seq[hit] - a_res[pos][hit]) // a_mod[pos][hit] + a_off[pos][hit]
+        b = np.stack([rank[hit], idx, t[hit]], axis=1)
+        if self.ref_rank >= 0:
+            ref = b[b[:, 0] == self.ref_rank]
+            if len(ref):
+                allb = np.concatenate([self.ref_bounds, ref[:, 1:]])
+                self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-32:]
+        return b
+
+    def _count_ops(self, uranks: np.ndarray, counts: np.ndarray, b: np.ndarray) -> None:
+        """Track ops since the latest anchor (vectorized over ranks); relearn a rank whose
+        anchor disappeared (its call pattern changed)."""
+        top = int(uranks.max()) + 1 if len(uranks) else 0
+        if top > len(self._since):
+            self._since = np.concatenate([self._since, np.zeros(top - len(self._since),
+                                                                dtype=np.int64)])
+        has = np.isin(uranks, b[:, 0])
+        self._since[uranks] = np.where(has, 0, self._since[uranks] + counts)
+        periods = self._periods_of(uranks)
+        for r in uranks[self._since[uranks] > self.config.lost_periods * periods].tolist():
+            st = self.ranks[r]
+            self.ranks[r] = _Rank(next_try=self.config.min_ops, last_idx=st.last_idx,
+                                  last_t=st.last_t)
+            self._buf[r] = []
+            self._nbuf[r] = 0
+            self._since[r] = 0
+            self._period_cache = None
+
+    def _periods_of(self, ranks: np.ndarray) -> np.ndarray:
+        """Committed period per rank (a cached dense array, rebuilt after commits)."""
+        if self._period_cache is None or len(self._period_cache) <= int(ranks.max()):
+            top = max(self.ranks) + 1 if self.ranks else 0
+            arr = np.zeros(max(top, int(ranks.max()) + 1), dtype=np.int64)
+            for r, st in self.ranks.items():
+                arr[r] = st.period
+            self._period_cache = arr
+        return self._period_cache[ranks]
+
+    def _learn(self, rank: int, st: _Rank) -> np.ndarray | None:
+        """Try to find and commit the period of ``rank``'s buffer; on success return the
+        boundaries found in the whole buffer and drop the buffer."""
+        c = self.config
+        buf = np.concatenate(self._buf[rank], axis=1)
+        if buf.shape[1] > c.max_buffer:
+            buf = buf[:, -c.max_buffer // 2:]
+            st.next_try = min(st.next_try, buf.shape[1])
+        self._buf[rank] = [buf]
+        n = self._nbuf[rank] = buf.shape[1]
+        if n < st.next_try:
+            return None
+        comm, seq, opc, nbytes, t = (buf[0].view(np.uint64), buf[1], buf[2],
+                                     buf[3].view(np.uint64), buf[4])
+        period = self._period(comm, opc, None if st.nobytes else nbytes)
+        if period == 0 and not st.nobytes and n >= 4 * c.min_commit_ops:
+            # bytes that vary between iterations (e.g. sequence lengths) break exact
+            # repetition: fall back to (communicator, op)
+            st.nobytes = True
+            period = self._period(comm, opc, None)
+        need = max(c.min_commit_ops, c.min_commit_periods * period)
+        if period == 0 or n < need:
+            st.next_try = max(int(n * 1.25) + 1, need if period else 0)
+            return None
+        # reconcile with the reference in time: a rank whose calls repeat every micro-batch
+        # (e.g. the last pipeline stage without DP sync) has a sub-period of the iteration
+        promote = False
+        t_ref = self._ref_period_ns()
+        if t_ref > 0:
+            t_own = float(np.median(t[period:] - t[:-period]))
+            if t_ref > 1.5 * t_own:
+                # operations per reference iteration, in whole periods
+                ahead = np.searchsorted(t, t + int(t_ref)) - np.arange(n)
+                count = float(np.median(ahead[t + int(t_ref) <= t[-1]])) if n else 0.0
+                period *= max(1, int(round(count / period)))
+                if n < 2 * period:
+                    st.next_try = 2 * period
+                    return None
+            promote = t_own > 1.5 * t_ref
+        if promote:
+            self._reset_others(rank)
+        self._commit(st, period, comm, seq, t, self.ref_bounds if self.ref_rank >= 0 else None)
+        self._period_cache = None
+        if self.ref_rank < 0:
+            self.ref_rank = rank
+        self._buf.pop(rank, None)
+        self._nbuf.pop(rank, None)
+        return self._anchors(np.full(n, rank, dtype=np.int64), comm, seq, t)
+
+    def _period(self, comm: np.ndarray, opc: np.ndarray, nbytes: np.ndarray | None) -> int:
+        """:func:`find_period` of the symbols, cached by sequence (ranks of one role)."""
+        c = self.config
+        channel = comm
+        if len(self._kind_ids):
+            pos = np.minimum(np.searchsorted(self._kind_ids, comm), len(self._kind_ids) - 1)
+            channel = np.where(self._kind_ids[pos] == comm, self._kind_codes[pos], comm)
+        sym = symbols(channel, opc, nbytes)
+        key = hashlib.blake2b(sym.tobytes(), digest_size=16).digest()
+        if key not in self._periods:
+            if len(self._periods) > 4096:
+                self._periods.clear()
+            self._periods[key] = find_period(sym, c.threshold, c.max_lag, c.multiple_slack,
+                                             c.projections)
+        return self._periods[key]
+
+    def _ref_period_ns(self) -> float:
+        """The reference rank's iteration time (0 when unknown)."""
+        if self.ref_rank < 0 or len(self.ref_bounds) < 2:
+            return 0.0
+        b = self.ref_bounds
+        step = np.diff(b[:, 0])
+        ok = step > 0
+        return float(np.median(np.diff(b[:, 1])[ok] / step[ok])) if ok.any() else 0.0
+
+    def _reset_others(self, rank: int) -> None:
+        """``rank`` sees a longer period than the reference: it becomes the reference and
+        every other rank learns again."""
+        for r in list(self.ranks):
+            if r != rank and self.ranks[r].period:
+                self.ranks[r] = _Rank(next_try=self.config.min_ops)
+                self._buf[r] = []
+                self._nbuf[r] = 0
+        self.ref_rank = -1
+        self.ref_bounds = np.zeros((0, 2), dtype=np.int64)
+        self._pend = self._pend[:0]
+        self._period_cache = None
+
+    @staticmethod
+    def _commit(st: _Rank, period: int, comm: np.ndarray, seq: np.ndarray, t: np.ndarray,
+                ref: np.ndarray | None) -> None:
+        """Choose the anchor phase: the operation closest in time to the reference rank's
+        boundaries when there is a reference, else the one preceded by the longest median
+        pause (the first call after the optimizer step)."""
+        n = len(t)
+        k = n // period
+        lo = n - k * period
+        times = t[lo:].reshape(k, period)
+        phase = -1
+        if ref is not None and len(ref) >= 2:
+            rt = ref[:, 1]
+            near = times[(times[:, 0] >= rt[0] - (rt[-1] - rt[0])) & (times[:, -1] <= rt[-1]
+                                                                      + (rt[-1] - rt[0]))]
+            if len(near):
+                pos = np.clip(np.searchsorted(rt, near), 1, len(rt) - 1)
+                dist = np.minimum(np.abs(near - rt[pos - 1]), np.abs(near - rt[pos]))
+                phase = int(np.argmin(np.median(dist, axis=0)))
+        if phase < 0:
+            gaps = np.concatenate(([np.nan], np.diff(t).astype(np.float64)))[lo:]
+            g = gaps.reshape(k, period)
+            if k > 1:
+                g = g[1:]  # the first period may hold the pause before the trace began
+            phase = int(np.argmax(np.median(np.where(np.isnan(g), -np.inf, g), axis=0)))
+        pos = lo + (k - 1) * period + phase  # the anchor in the last full period
+        a_comm = comm[pos]
+        window = comm[lo + (k - 1) * period: lo + k * period]
+        mod = max(1, int(np.count_nonzero(window == a_comm)))
+        phases = lo + np.arange(k) * period + phase
+        res_all = seq[phases][comm[phases] == a_comm] % mod
+        res = int(np.bincount(res_all).argmax()) if len(res_all) else int(seq[pos] % mod)
+        st.period, st.anchor_comm, st.anchor_mod, st.anchor_res = period, int(a_comm), mod, res
+        st.offset = 0
+        if ref is not None and len(ref):
+            # number the iterations like the reference: its boundary nearest to ours
+            own = (int(seq[pos]) - res) // mod
+            j = int(np.argmin(np.abs(ref[:, 1] - t[pos])))
+            st.offset = int(ref[j, 0]) - own
+
+    def _rank_rows(self, b: np.ndarray) -> np.ndarray:
+        """Rows (rank, idx, t_start, t_end) of iterations completed by new boundaries."""
+        if len(b) == 0:
+            return np.zeros((0, 4), dtype=np.int64)
+        b = b[np.lexsort((b[:, 1], b[:, 0]))]
+        # per rank with new boundaries: prepend its latest known boundary
+        uranks = np.unique(b[:, 0])
+        prev = np.array([[r, self.ranks[int(r)].last_idx, self.ranks[int(r)].last_t]
+                         for r in uranks], dtype=np.int64).reshape(-1, 3)
+        allb = np.concatenate([prev, b])
+        allb = allb[np.lexsort((allb[:, 1], allb[:, 0]))]
+        # drop stale or duplicate boundaries
+        keep = np.ones(len(allb), dtype=bool)
+        same = allb[1:, 0] == allb[:-1, 0]
+        keep[1:] = ~(same & (allb[1:, 1] <= allb[:-1, 1]))
+        allb = allb[keep]
+        consecutive = (allb[1:, 0] == allb[:-1, 0]) & (allb[1:, 1] == allb[:-1, 1] + 1) & (
+            allb[:-1, 1] >= 0)
+        i = np.flatnonzero(consecutive)
+        out = np.stack([allb[i, 0], allb[i, 1], allb[i, 2], allb[i + 1, 2]], axis=1)
+        # remember the latest boundary per rank
+        last = np.flatnonzero(np.append(allb[1:, 0] != allb[:-1, 0], True))
+        for r, idx, tt in allb[last]:
+            st = self.ranks[int(r)]
+            if idx > st.last_idx:
+                st.last_idx, st.last_t = int(idx), int(tt)
+        return out.reshape(-1, 4)
+
+    def _job_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Job iterations (rank -1): from the last rank to cross each boundary (the job's
+        iteration ends when its last rank's does), emitted once every rank completed the
+        iteration, or half of them did and some rank is two ahead."""
+        if len(rows):
+            fresh = rows[rows[:, 1] > self.job_last_idx]
+            add = np.stack([fresh[:, 1], fresh[:, 0], fresh[:, 2], fresh[:, 3] - fresh[:, 2]],
+                           axis=1)
+            self._pend = np.concatenate([self._pend, add])
+        if len(self._pend) == 0 or not all(st.period for st in self.ranks.values()):
+            # job iterations only once every rank seen knows its period (and agrees with
+            # the reference on the iteration time)
+            return np.zeros((0, 4), dtype=np.int64)
+        idxs, counts = np.unique(self._pend[:, 0], return_counts=True)
+        world = max(1, self.meta.world_size)
+        top = int(idxs.max())
+        ready = (counts >= world) | ((counts * 2 >= world) & (idxs + 2 <= top))
+        out = []
+        emitted = -1
+        for idx in idxs[ready].tolist():
+            if idx <= self.job_last_idx:
+                continue
+            sel = self._pend[self._pend[:, 0] == idx]
+            # the job crosses a boundary when its last rank does
+            t0 = int(sel[:, 2].max())
+            dur = int((sel[:, 2] + sel[:, 3]).max()) - t0
+            out.append((-1, idx, t0, t0 + dur))
+            self.job.append((idx, t0, dur))
+            self.job_last_idx = emitted = idx
+        if emitted >= 0:
+            self._pend = self._pend[self._pend[:, 0] > emitted]
+        # never let the pending set grow without bound (e.g. half the ranks are gone)
+        if len(idxs) > 64:
+            self._pend = self._pend[self._pend[:, 0] > top - 64]
+        return np.array(out, dtype=np.int64).reshape(-1, 4)
+
+    def _table(self, rows: np.ndarray) -> pa.Table:
+        n = len(rows)
+        return pa.Table.from_arrays([
+            pa.array([self.meta.job] * n, pa.string()),
+            pa.array(rows[:, 0].astype(np.int32), pa.int32()),
+            pa.array(rows[:, 1], pa.int64()),
+            pa.array(rows[:, 2], pa.int64()),
+            pa.array(rows[:, 3], pa.int64()),
+            pa.array(rows[:, 3] - rows[:, 2], pa.int64()),
+        ], schema=results.SCHEMAS["iterations"])
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "ranks": {str(r): st.to_dict() for r, st in self.ranks.items()},
+            "buf": {str(r): np.concatenate(p, axis=1).tolist() if p else []
+                    for r, p in self._buf.items()},
+            "pend": self._pend.tolist(),
+            "job_last_idx": self.job_last_idx,
+            "job": [list(x) for x in self.job],
+            "ref_rank": self.ref_rank, "ref_bounds": self.ref_bounds.tolist(),
+            "since": self._since.tolist(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ranks = {int(r): _Rank(**d) for r, d in state["ranks"].items()}
+        self._buf = {int(r): ([np.array(v, dtype=np.int64).reshape(5, -1)] if v else [])
+                     for r, v in state["buf"].items()}
+        self._nbuf = {r: sum(p.shape[1] for p in parts) for r, parts in self._buf.items()}
+        self._pend = np.array(state["pend"], dtype=np.int64).reshape(-1, 4)
+        self.job_last_idx = int(state["job_last_idx"])
+        self.job = [(int(a), int(b), int(c)) for a, b, c in state["job"]]
+        self.ref_rank = int(state["ref_rank"])
+        self.ref_bounds = np.array(state["ref_bounds"], dtype=np.int64).reshape(-1, 2)
+        self._since = np.array(state["since"], dtype=np.int64)
+        self._period_cache = None
+
+
+def median_iteration_s(tracker: IterationTracker) -> float:
+    """The job's median iteration time in seconds (nan before the first iteration)."""
+    if not tracker.job:
+        return math.nan
+    return float(np.median([d for _, _, d in tracker.job])) / 1e9
