@@ -26,6 +26,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.simulator.bench",
     "failslow.plan",
     "failslow.detectors.hang",
+    "failslow.detectors.whatif_bench",
 )
 
 DESCRIPTION = """\
