@@ -27,6 +27,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.plan",
     "failslow.detectors.hang",
     "failslow.detectors.whatif_bench",
+    "failslow.collectors.bench_native",
 )
 
 DESCRIPTION = """\

@@ -1,0 +1,287 @@
+"""Benchmark of the native collectors: ``failslow bench collector``.
+
+Figures (the floors come from the collectors' design goals, MegaTrace §III-B: near-zero
+overhead API interception and WR measurement; CCL-D §5.2: host-driven measurement):
+
+- ``added_ns_per_call``: what the LD_PRELOAD interposer adds to one ``ncclAllReduce`` call,
+  measured by the C driver ``drv_nccl bench`` (a tight loop of calls to the stub libnccl) run
+  with and without ``LD_PRELOAD`` -- best of a few runs each, ring on tmpfs and large enough not
+  to fill (a full ring only counts a drop, which is cheaper). Floor: under 100 ns. Also with
+  completion tracking (``..._with_completion``: host function per call, stub libcudart running
+  it inline) and the ratio to the bare call.
+- ``syscalls_per_call``: the marginal number of system calls per intercepted call, counted with
+  ``strace -f -c`` at two call counts N and 2N (so one-time setup cancels out); ``fixed_syscalls``
+  is the one-time cost (ring creation, library lookups). Without strace: reported unavailable.
+- ``drain_records_per_s``: records per second drained by the Python :class:`RingReader` from a
+  full ring (vectorized commit check + bulk copy + release). Floor: 10 million/s.
+  ``convert_records_per_s``: records per second through :func:`to_tables` to contract tables.
+
+:func:`build_native` is also what the tests use to compile the libraries, stubs and drivers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failslow.collectors import ring
+
+__all__ = ["BENCHMARKS", "NativeBuildError", "native_dir", "build_native", "build_native_cached",
+           "sanitizer_runtime", "driver_env", "bench_collector"]
+
+#: Call counts of the C benchmark (per run) and of the strace runs.
+CALLS = 200_000
+STRACE_CALLS = 20_000
+
+
+class NativeBuildError(RuntimeError):
+    """``make`` failed (the message carries its output)."""
+
+
+def native_dir() -> Path | None:
+    """The ``native/`` source folder of a source checkout (absent from installed wheels)."""
+    here = Path(__file__).resolve().parents[1] / "native"
+    return here if (here / "Makefile").is_file() else None
+
+
+def build_native(out: Path, san: str = "", target: str = "tests", jobs: int = 2) -> Path:
+    """``make -C native O=out SAN=san target``; returns ``out``."""
+    src = native_dir()
+    if src is None:
+        raise NativeBuildError("native sources not found (needs a source checkout)")
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
+        raise NativeBuildError("make or a C compiler is missing")
+    out = Path(out)
+    cmd = ["make", "-C", str(src), f"O={out}", f"SAN={san}", f"-j{jobs}", target]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise NativeBuildError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n"
+                               f"{proc.stderr[-4000:]}")
+    return out
+
+
+def _sources_digest() -> str:
+    src = native_dir()
+    h = hashlib.blake2b(digest_size=12)
+    if src is not None:
+        for f in sorted(p for p in src.rglob("*") if p.is_file() and "build" not in p.parts):
+            h.update(str(f.relative_to(src)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def build_native_cached(root: Path, san: str = "") -> Path:
+    """:func:`build_native` into ``root/<san or default>``, reused while sources are unchanged."""
+    out = Path(root) / (san or "default")
+    stamp = out / ".sources"
+    digest = _sources_digest()
+    if stamp.is_file() and stamp.read_text() == digest:
+        return out
+    build_native(out, san)
+    stamp.write_text(digest)
+    return out
+
+
+def driver_env(build: Path, ring_dir: Path, *, san: str = "", preload: str | None = None,
+               job: str = "test", **extra: str) -> dict[str, str]:
+    """Environment for a C test driver of ``build``: ring directory, job, the preloaded collector
+    library (after the sanitizer runtime, which must come first), sanitizer options, and the
+    stub directory on the library path (sanitizers intercept dlopen, so RUNPATH alone is not
+    enough)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAILSLOW_", "LD_PRELOAD", "ASAN_", "TSAN_", "UBSAN_", "STUB_"))}
+    env.update(FAILSLOW_RING_DIR=str(ring_dir), FAILSLOW_JOB=job,
+               LD_LIBRARY_PATH=str(Path(build) / "stubs"),
+               ASAN_OPTIONS="detect_leaks=1:exitcode=66:abort_on_error=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+               TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1")
+    libs = []
+    runtime = sanitizer_runtime(san)
+    if preload:
+        if runtime:
+            libs.append(runtime)
+        libs.append(str(Path(build) / preload))
+    if libs:
+        env["LD_PRELOAD"] = " ".join(libs)
+    env.update(extra)
+    return env
+
+
+def sanitizer_runtime(san: str) -> str | None:
+    """Path of libasan / libtsan (to be first in LD_PRELOAD when preloading an instrumented lib)."""
+    name = {"asan": "libasan.so", "tsan": "libtsan.so"}.get(san)
+    if not name:
+        return None
+    cc = os.environ.get("CC", "gcc")
+    try:
+        path = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def _shm_dir() -> Path:
+    """A scratch directory on tmpfs (the ring must live on tmpfs, see failslow_ring.h)."""
+    base = Path("/dev/shm")
+    if base.is_dir() and os.access(base, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix="failslow-bench-", dir=base))
+    return Path(tempfile.mkdtemp(prefix="failslow-bench-"))
+
+
+def _run_json(cmd: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), check=False,
+                          timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _ns_per_call(build: Path, *, preload: bool, completion: bool, ring_dir: Path, calls: int,
+                 repeats: int) -> float:
+    driver = build / ("drv_nccl" if completion else "drv_nccl_nocuda")
+    env = dict(os.environ, FAILSLOW_RING_DIR=str(ring_dir), FAILSLOW_JOB="bench",
+               FAILSLOW_RING_CAPACITY=str(4 * calls), STUB_CUDA_INLINE="1")
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = str(build / "libfailslow_nccl.so")
+    best = float("inf")
+    for _ in range(repeats):
+        best = min(best, float(_run_json([str(driver), "bench", str(calls)], env)["ns_per_call"]))
+        for f in ring_dir.glob("failslow-*.ring"):
+            f.unlink()
+    return best
+
+
+_STRACE_TOTAL = re.compile(r"^\s*100\.00\s+\S+\s+\S+\s+(\d+)\s+(?:\d+\s+)?total\s*$", re.M)
+
+
+def _strace_total(build: Path, ring_dir: Path, calls: int, preload: bool) -> int:
+    out = ring_dir / "strace.txt"
+    env = dict(os.environ, FAILSLOW_RING_DIR=str(ring_dir), FAILSLOW_JOB="bench",
+               FAILSLOW_RING_CAPACITY=str(4 * calls))
+    env.pop("LD_PRELOAD", None)
+    if preload:
+        env["LD_PRELOAD"] = str(build / "libfailslow_nccl.so")
+    cmd = ["strace", "-f", "-c", "-o", str(out), str(build / "drv_nccl_nocuda"), "bench",
+           str(calls)]
+    subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=120)
+    m = _STRACE_TOTAL.search(out.read_text())
+    for f in ring_dir.glob("failslow-*.ring"):
+        f.unlink()
+    if not m:
+        raise RuntimeError(f"cannot parse strace summary in {out}")
+    return int(m.group(1))
+
+
+def count_syscalls(build: Path, ring_dir: Path, calls: int = STRACE_CALLS) -> dict[str, Any]:
+    """Marginal system calls per intercepted call (strace at N and 2N calls)."""
+    if shutil.which("strace") is None:
+        return {"syscalls_per_call": None, "syscall_method": "unavailable (no strace)"}
+    try:
+        n1 = _strace_total(build, ring_dir, calls, True)
+        n2 = _strace_total(build, ring_dir, 2 * calls, True)
+        base = _strace_total(build, ring_dir, calls, False)
+    except (subprocess.CalledProcessError, RuntimeError, OSError) as e:
+        return {"syscalls_per_call": None, "syscall_method": f"unavailable ({e})"}
+    return {
+        "syscalls_per_call": (n2 - n1) / calls,
+        "fixed_syscalls": n1 - base - (n2 - n1),
+        "syscall_method": f"strace -f -c, marginal between {calls} and {2 * calls} calls",
+    }
+
+
+def _synthetic_records(n: int) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    recs = ring.empty_records(n)
+    recs["kind"] = ring.KIND_COLL
+    recs["op"] = rng.integers(0, 8, n)
+    recs["phase"] = np.arange(n) % 2
+    recs["rank"] = 3
+    recs["comm_rank"], recs["comm_size"], recs["peer"] = 1, 8, -1
+    recs["comm"] = rng.integers(0, 2**63, n, dtype=np.uint64)
+    recs["seq"] = np.arange(n) // 2
+    recs["bytes"] = 1 << 20
+    recs["t_ns"] = 1_700_000_000_000_000_000 + np.arange(n) * 1000
+    recs["t_start_ns"] = ring.events.NULL_TIME
+    recs["send_count"] = ring.events.NULL_COUNT
+    recs["recv_count"] = ring.events.NULL_COUNT
+    return recs
+
+
+def measure_drain(ring_dir: Path, capacity: int = 1 << 18, rounds: int = 8) -> dict[str, float]:
+    """Python reader drain rate on a full ring, and the conversion rate to contract tables."""
+    path = ring_dir / "failslow-bench-0-py.ring"
+    writer = ring.RingWriter(path, capacity, job="bench", rank=3)
+    recs = _synthetic_records(writer.capacity)
+    total, elapsed = 0, 0.0
+    try:
+        with ring.RingReader(path) as reader:
+            for _ in range(rounds):
+                writer.write(recs)
+                t0 = time.perf_counter()
+                got = reader.drain()
+                elapsed += time.perf_counter() - t0
+                total += len(got)
+            reader.tables(got[:1000], node="n0")  # warm-up (pyarrow's lazy imports)
+            t0 = time.perf_counter()
+            tables = reader.tables(got, node="n0")
+            convert = time.perf_counter() - t0
+    finally:
+        writer.close()
+        path.unlink(missing_ok=True)
+    return {"drain_records_per_s": total / elapsed if elapsed else float("inf"),
+            "convert_records_per_s": len(got) / convert if convert else float("inf"),
+            "converted_rows": float(tables["coll"].num_rows)}
+
+
+def bench_collector(args: argparse.Namespace) -> dict[str, Any]:
+    """``failslow bench collector``: overhead of the native interposer and the reader's speed."""
+    calls = int(getattr(args, "calls", None) or CALLS)
+    repeats = int(getattr(args, "repeats", None) or 3)
+    ring_dir = _shm_dir()
+    figures: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="failslow-native-") as tmp:
+            try:
+                build = build_native(Path(tmp) / "build")
+            except NativeBuildError as e:
+                figures["native_error"] = str(e).splitlines()[0]
+            else:
+                direct = _ns_per_call(build, preload=False, completion=False, ring_dir=ring_dir,
+                                      calls=calls, repeats=repeats)
+                shim = _ns_per_call(build, preload=True, completion=False, ring_dir=ring_dir,
+                                    calls=calls, repeats=repeats)
+                shim_c = _ns_per_call(build, preload=True, completion=True, ring_dir=ring_dir,
+                                      calls=calls, repeats=repeats)
+                figures.update({
+                    "added_ns_per_call": round(shim - direct, 1),
+                    "added_ns_per_call_with_completion": round(shim_c - direct, 1),
+                    "direct_ns_per_call": round(direct, 1),
+                    "shim_ns_per_call": round(shim, 1),
+                    "shim_to_direct_ratio": round(shim / direct, 2) if direct else None,
+                    "ring_dir_tmpfs": str(ring_dir).startswith("/dev/shm"),
+                    "call_method": f"drv_nccl bench {calls} calls, best of {repeats}, "
+                                   "with vs without LD_PRELOAD",
+                })
+                figures.update(count_syscalls(build, ring_dir))
+        figures.update({k: round(v) for k, v in measure_drain(ring_dir).items()})
+    finally:
+        shutil.rmtree(ring_dir, ignore_errors=True)
+    return figures
+
+
+BENCHMARKS = {"collector": bench_collector}
