@@ -5,12 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v chromium >/dev/null 2>&1; then
-    echo "== installing Debian's chromium (headless page tests)"
+# Debian packages the tests use: chromium (headless page tests), strace (the collector's
+# no-syscall check).
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
     sudo_cmd=""
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[all]'
