@@ -28,6 +28,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.detectors.hang",
     "failslow.detectors.whatif_bench",
     "failslow.collectors.bench_native",
+    "failslow.detectors.mitigation_eval",
 )
 
 DESCRIPTION = """\

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -20,7 +21,81 @@ def _times(text: str) -> list[float]:
                                          f"{text!r}") from None
 
 
+def _load_trace(trace_dir: str, diagnosis: str | None = None) -> tuple[Any, Any, Any]:
+    """meta, the tables the what-if analysis reads, and the trace's diagnosis (computed by
+    :func:`failslow.analyze.analyze` unless a diagnosis file is given)."""
+    from failslow.analyze import analyze
+    from failslow.diagnosis import Diagnosis
+    from failslow.tracedir import TraceDir
+
+    td = TraceDir(trace_dir)
+    meta = td.meta()
+    tables = {k: td.read(k) for k in ("span", "coll") if k in td.kinds}
+    diag = Diagnosis.load(diagnosis) if diagnosis else analyze(trace_dir)
+    return meta, tables, diag
+
+
+def _trace_plans(trace_dir: str, anomaly: str | None, diagnosis: str | None = None
+                 ) -> tuple[Any, list[Any], Any]:
+    from failslow.detectors.topology_plan import anomaly_groups, step_start_times
+    from failslow.detectors.whatif import build_ops
+
+    meta, tables, diag = _load_trace(trace_dir, diagnosis)
+    ops = build_ops(tables, meta)
+    starts = step_start_times(tables, ops, meta)
+    slow = [a for a in diag.anomalies if a.kind == "slow"]
+    if anomaly is not None:
+        slow = [a for a in slow if a.id == anomaly]
+        if not slow:
+            raise ValueError(f"no slow anomaly {anomaly!r} in the diagnosis")
+    return (meta, ops, starts), anomaly_groups(slow), diag
+
+
+def _cmd_microbatches_trace(args: argparse.Namespace) -> int:
+    """S2 from a trace: per-DP-group micro-batch times over each slow anomaly's steps."""
+    from failslow.detectors.microbatches import plan_from_ops
+    from failslow.detectors.planner import TracePlans
+    from failslow.detectors.topology_plan import subset_steps
+
+    (meta, ops, starts), groups, diag = _trace_plans(args.trace, args.anomaly, args.diagnosis)
+    plans = TracePlans(ops, meta, starts, args.multiple_of)
+    out = []
+    for group in groups:
+        mask = np.zeros(ops.steps.size, dtype=bool)
+        for a in group:
+            mask |= plans.steps_of(a)
+        started = time.perf_counter()
+        plan = plan_from_ops(subset_steps(ops, mask), multiple_of=args.multiple_of)
+        doc = {"anomalies": [a.id for a in group], **plan.to_dict(),
+               "max_time": plan.max_time, "solve_ms": (time.perf_counter() - started) * 1e3}
+        out.append(doc)
+    if args.json:
+        print(json.dumps({"job": diag.job, "plans": out}))
+    elif not out:
+        print("no slow anomaly in the trace: nothing to re-balance")
+    else:
+        for doc in out:
+            print(f"anomalies {', '.join(doc['anomalies'])}: micro-batches per DP group "
+                  f"{' '.join(map(str, doc['m']))}")
+            print(f"  micro-batch time per DP group (s): "
+                  f"{' '.join(f'{t:.4g}' for t in doc['times_s'])}")
+            if doc["predicted_after_s"] is not None:
+                print(f"  predicted step time {doc['predicted_before_s']:.4g} s -> "
+                      f"{doc['predicted_after_s']:.4g} s"
+                      + ("" if doc["feasible"] else f" (not recommended: {doc['reason']})"))
+    return 0
+
+
 def _cmd_microbatches(args: argparse.Namespace) -> int:
+    if args.trace is not None:
+        try:
+            return _cmd_microbatches_trace(args)
+        except ValueError as e:
+            print(f"failslow plan microbatches: {e}")
+            return 2
+    if args.times is None or args.total is None:
+        print("failslow plan microbatches: give --times and --total, or --trace DIR")
+        return 2
     started = time.perf_counter()
     try:
         alloc = allocate_microbatches(args.times, args.total, args.multiple_of)
@@ -48,13 +123,81 @@ def add_parser(sub: Any) -> None:
         "microbatches", help="re-balance micro-batches across DP groups (S2)",
         description="Integer micro-batch counts per DP group, each >= 1 (or a multiple of "
                     "--multiple-of), summing to --total, minimizing the slowest group's time.")
-    mb.add_argument("--times", type=_times, required=True,
+    mb.add_argument("--times", type=_times,
                     help="per-micro-batch time of each DP group, comma-separated")
-    mb.add_argument("--total", type=int, required=True, help="micro-batches in all (M)")
+    mb.add_argument("--total", type=int, help="micro-batches in all (M)")
+    mb.add_argument("--trace", metavar="TRACE_DIR",
+                    help="instead of --times/--total: measure the DP groups' micro-batch "
+                         "times over each slow anomaly of this trace and predict the step "
+                         "time with the what-if simulator")
+    mb.add_argument("--anomaly", metavar="ID", help="with --trace: only this anomaly")
+    mb.add_argument("--diagnosis", metavar="FILE",
+                    help="with --trace: use this diagnosis JSON (e.g. saved `failslow "
+                         "analyze --json` output, or a simulated trace's truth.json) "
+                         "instead of analyzing the trace")
     mb.add_argument("--multiple-of", type=int, default=1, metavar="P",
                     help="every count a multiple of P (e.g. the pipeline depth for 1F1B)")
     mb.add_argument("--json", action="store_true", help="print one JSON object")
     mb.set_defaults(func=_cmd_microbatches)
+    topo = plan_sub.add_parser(
+        "topology", help="new rank placement around stragglers and slow links (S3)",
+        description="Diagnose TRACE_DIR, then for each group of concurrent slow anomalies "
+                    "plan Greyhound's S3: consolidate stragglers into the fewest (interior) "
+                    "pipeline stages and swap the DP/PP roles of nodes so congested links "
+                    "carry light or no traffic. Prints the new placement (new global rank "
+                    "-> old rank's GPU) and the step time before and after, predicted by "
+                    "the what-if dependency simulator.")
+    topo.add_argument("trace", metavar="TRACE_DIR", help="a trace directory")
+    topo.add_argument("--anomaly", metavar="ID", help="plan only for this anomaly")
+    topo.add_argument("--diagnosis", metavar="FILE",
+                      help="use this diagnosis JSON instead of analyzing the trace")
+    topo.add_argument("--json", action="store_true", help="print one JSON object")
+    topo.set_defaults(func=_cmd_topology)
+
+
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from failslow.detectors.topology_plan import plan_for_anomalies
+
+    try:
+        (meta, ops, starts), groups, diag = _trace_plans(args.trace, args.anomaly,
+                                                         args.diagnosis)
+        plans = [(g, plan_for_anomalies(ops, meta, g, starts)) for g in groups]
+    except (ValueError, OSError) as e:
+        print(f"failslow plan topology: {e}", file=sys.stderr)
+        return 2
+    docs = [{"anomalies": [a.id for a in g], **p.to_dict()} for g, p in plans]
+    if args.json:
+        print(json.dumps({"job": diag.job, "trace": str(args.trace), "plans": docs}))
+        return 0
+    if not docs:
+        print(f"{diag.job}: no slow anomaly in the trace; nothing to plan")
+        return 0
+    for doc in docs:
+        _print_topology(doc)
+    return 0
+
+
+def _print_topology(doc: dict[str, Any]) -> None:
+    print(f"anomalies {', '.join(doc['anomalies'])}: S3 {doc['kind']}"
+          + ("" if doc["feasible"] else f" -- no change recommended ({doc['reason']})"))
+    for f in doc["faults"]["compute"]:
+        print(f"  straggler ranks {f['ranks']}: compute x{f['factor']:.3g}")
+    for f in doc["faults"]["links"]:
+        print(f"  congested link {f['nodes'][0]}-{f['nodes'][1]}: transfers x{f['factor']:.3g}")
+    if doc["stages_needed"]:
+        print(f"  stragglers need {doc['stages_needed']} stage(s); target stages "
+              f"{doc['target_stages'] or '-'}")
+    for a, b in doc["node_swaps"]:
+        print(f"  swap the roles of {a} and {b}")
+    for m in doc["moves"] if doc["feasible"] else []:
+        print(f"  GPUs of ranks {m['worker_ranks_before']} ({m['node']}, stage "
+              f"{m['stage_before']} dp {m['dp_before']}) -> ranks {m['worker_ranks_after']} "
+              f"(stage {m['stage_after']} dp {m['dp_after']})")
+    if doc["predicted_before_s"] is not None:
+        print(f"  predicted step time {doc['predicted_before_s']:.4g} s -> "
+              f"{doc['predicted_after_s']:.4g} s (x{doc['predicted_speedup']:.3g})")
+    for n in doc["notes"]:
+        print(f"  note: {n}")
 
 
 def _greedy_baseline(times: np.ndarray, total: int) -> float:

@@ -1,25 +1,63 @@
 """Adaptive multi-level mitigation planner (Greyhound §5.1, Algorithm 1): ski rental.
 
-Per open slow anomaly, the accumulated impact (sum over slow iterations of t_slow minus
+Per open slow anomaly, the accumulated impact (sum over its slow iterations of t_slow minus
 t_healthy) is compared with the action cost of the next applicable strategy; when the impact
 reaches that cost the strategy is advised ("buy the skis when the rent paid equals the
 price"). Strategies apply only to causes they address (Table 2): S2 (re-balance
 micro-batches) for compute, S3 (adjust topology) for compute and communication, S4
-(checkpoint and restart) last. When the anomaly resolves, applied reversible strategies are
-reverted. Advice is an event the stream publishes, stores and pages with.
+(checkpoint and restart) last; ``mixed`` counts as both. A strategy whose concrete plan (from
+a :class:`PlanSource`) is infeasible or predicted not to help is skipped, and the ladder
+moves on when the impact reaches the next cost. When the anomaly resolves, the applied
+reversible strategies are reverted, the last applied first.
+
+Advice is an event. ``Advice.to_dict()`` is the payload for the advice topic, webhooks and
+dashboards; :data:`ADVICE_SCHEMA` the Arrow schema of its rows (``Advice.to_row()``, the
+plan as JSON text) for ClickHouse. Shape (version 1)::
+
+    {
+      "version": 1,
+      "kind": "mitigation_advice",
+      "advice_id": "<anomaly_id>/<strategy>/<action>",
+      "job": "job-id",
+      "anomaly_id": "slow-0",
+      "cause": "compute | communication | mixed",
+      "ranks": [21],                    # the anomaly's root-cause ranks
+      "link": [6, 8] | null,            # the anomaly's slow link (two global ranks)
+      "strategy": "S2 | S3 | S4",
+      "action": "apply | revert | skip",
+      "t_ns": 1750000012000000000,      # trace time of the decision
+      "impact_s": 5.3,                  # accumulated impact when decided
+      "cost_s": 5.0,                    # the strategy's action cost
+      "slow_iterations": 14,
+      "t_slow_s": 0.61,                 # mean iteration time during the anomaly
+      "t_healthy_s": 0.40,              # healthy baseline (median)
+      "description": "re-balance micro-batches across DP groups",
+      "reason": "impact 5.3 s >= cost 5 s",
+      "plan": {...} | null              # S2: microbatches.MicrobatchPlan.to_dict()
+    }                                   # S3: topology_plan.TopologyPlan.to_dict()
+
+An S2 plan carries ``m`` (micro-batches per DP group, index = DP rank) and the predicted
+step time before and after; an S3 plan ``placement`` (``placement[new_rank] = old_slot``:
+the GPU that held global rank old_slot runs new_rank), ``node_of_rank``, ``moves``,
+``node_swaps`` and the predicted times.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from failslow.diagnosis import Anomaly
+from failslow.events import JobMeta
 
+ADVICE_VERSION = 1
 STRATEGIES = ("S2", "S3", "S4")
+ACTIONS = ("apply", "revert", "skip")
 DESCRIPTIONS = {
     "S2": "re-balance micro-batches across DP groups",
     "S3": "adjust the parallel topology (consolidate stragglers, move congested links to PP)",
@@ -30,12 +68,35 @@ ADDRESSES = {"S2": {"compute", "mixed"}, "S3": {"compute", "communication", "mix
              "S4": {"compute", "communication", "mixed"}}
 REVERSIBLE = {"S2", "S3"}
 
+#: Arrow schema of advice rows (``Advice.to_row()``); ``plan`` is JSON text.
+ADVICE_SCHEMA = pa.schema([
+    pa.field("version", pa.int16(), nullable=False),
+    pa.field("advice_id", pa.string(), nullable=False),
+    pa.field("job", pa.string(), nullable=False),
+    pa.field("anomaly_id", pa.string(), nullable=False),
+    pa.field("cause", pa.string(), nullable=False),
+    pa.field("ranks", pa.list_(pa.int64()), nullable=False),
+    pa.field("link", pa.list_(pa.int64())),
+    pa.field("strategy", pa.string(), nullable=False),
+    pa.field("action", pa.string(), nullable=False),
+    pa.field("t_ns", pa.int64(), nullable=False),
+    pa.field("impact_s", pa.float64(), nullable=False),
+    pa.field("cost_s", pa.float64(), nullable=False),
+    pa.field("slow_iterations", pa.int64(), nullable=False),
+    pa.field("t_slow_s", pa.float64()),
+    pa.field("t_healthy_s", pa.float64()),
+    pa.field("description", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("plan", pa.string()),
+])
+
 
 @dataclass
 class PlannerConfig:
     """Action costs in seconds of lost training time (defaults from Greyhound §5.2 and
-    §7.4: S2 takes effect at the next iteration within seconds, S3 about a minute, S4 a
-    checkpoint dump and restore of a large model, tens of minutes)."""
+    §7.4: S2 takes effect at the next iteration within seconds, S3 pauses the job for
+    about a minute, S4 dumps and restores a checkpoint of a large model, tens of
+    minutes)."""
 
     cost_s: dict[str, float] = field(
         default_factory=lambda: {"S2": 5.0, "S3": 60.0, "S4": 1800.0})
@@ -44,19 +105,85 @@ class PlannerConfig:
 
 @dataclass
 class Advice:
-    """One planner decision about one anomaly."""
+    """One planner decision about one anomaly (see the module docstring)."""
 
     job: str
     anomaly_id: str
     strategy: str           # S2 | S3 | S4
-    action: str             # apply | revert
+    action: str             # apply | revert | skip
     t_ns: int
     impact_s: float         # accumulated impact when decided
     cost_s: float
     description: str
+    cause: str = ""
+    ranks: list[int] = field(default_factory=list)
+    link: list[int] | None = None
+    slow_iterations: int = 0
+    t_slow_s: float | None = None
+    t_healthy_s: float | None = None
+    reason: str = ""
+    plan: dict[str, Any] | None = None
+
+    @property
+    def advice_id(self) -> str:
+        return f"{self.anomaly_id}/{self.strategy}/{self.action}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"version": ADVICE_VERSION, "kind": "mitigation_advice",
+                "advice_id": self.advice_id, "job": self.job, "anomaly_id": self.anomaly_id,
+                "cause": self.cause, "ranks": list(self.ranks),
+                "link": None if self.link is None else list(self.link),
+                "strategy": self.strategy, "action": self.action, "t_ns": int(self.t_ns),
+                "impact_s": float(self.impact_s), "cost_s": float(self.cost_s),
+                "slow_iterations": int(self.slow_iterations), "t_slow_s": self.t_slow_s,
+                "t_healthy_s": self.t_healthy_s, "description": self.description,
+                "reason": self.reason, "plan": self.plan}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=_json_default)
+
+    def to_row(self) -> dict[str, Any]:
+        """One row of :data:`ADVICE_SCHEMA` (the plan as JSON text)."""
+        row = self.to_dict()
+        del row["kind"]
+        row["plan"] = None if self.plan is None else json.dumps(self.plan,
+                                                                 default=_json_default)
+        return row
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Advice:
+        plan = d.get("plan")
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return cls(job=d["job"], anomaly_id=d["anomaly_id"], strategy=d["strategy"],
+                   action=d["action"], t_ns=int(d["t_ns"]), impact_s=float(d["impact_s"]),
+                   cost_s=float(d["cost_s"]), description=d.get("description", ""),
+                   cause=d.get("cause", ""), ranks=list(d.get("ranks") or []),
+                   link=d.get("link"), slow_iterations=int(d.get("slow_iterations", 0)),
+                   t_slow_s=d.get("t_slow_s"), t_healthy_s=d.get("t_healthy_s"),
+                   reason=d.get("reason", ""), plan=plan)
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def advice_table(advice: list[Advice]) -> pa.Table:
+    """Advice as an Arrow table of :data:`ADVICE_SCHEMA` (for ClickHouse / Parquet)."""
+    return pa.Table.from_pylist([a.to_row() for a in advice], schema=ADVICE_SCHEMA)
+
+
+class PlanSource(Protocol):
+    """Computes the concrete plan of a strategy for an anomaly (a dict with at least
+    ``feasible``), or None when it cannot tell."""
+
+    def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -65,24 +192,46 @@ class _Open:
     impact_s: float = 0.0
     next_index: int = 0
     applied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    slow_iterations: int = 0
+    slow_total_s: float = 0.0
+    plans: dict[str, Any] = field(default_factory=dict)
 
 
 class MitigationPlanner:
-    """Incremental planner: feed job-level iteration rows and anomaly reports."""
+    """Incremental planner: feed job-level iteration rows and anomaly reports.
 
-    def __init__(self, job: str, config: PlannerConfig | None = None) -> None:
+    ``plans``: where concrete S2 / S3 plans come from (:class:`TracePlans` from a trace's
+    OpDuration tensors, :class:`AnomalyPlans` from the anomaly alone); without it, advice
+    carries no plan and no strategy is skipped."""
+
+    def __init__(self, job: str, config: PlannerConfig | None = None,
+                 plans: PlanSource | None = None) -> None:
         self.job = job
         self.config = config or PlannerConfig()
+        self.plans = plans
         self._healthy: list[float] = []
         self._open: dict[str, _Open] = {}
 
     def candidates(self, cause: str) -> list[str]:
+        """FINDSTRATEGIES(root_cause) sorted by overhead (Algorithm 1, lines 3-5)."""
         applicable = [s for s in STRATEGIES if cause in ADDRESSES[s]]
         return sorted(applicable, key=lambda s: self.config.cost_s[s])
 
+    @property
+    def healthy_s(self) -> float | None:
+        return float(np.median(self._healthy)) if self._healthy else None
+
+    def open_anomalies(self) -> list[str]:
+        return list(self._open)
+
+    def applied(self, anomaly_id: str) -> list[str]:
+        state = self._open.get(anomaly_id)
+        return [] if state is None else list(state.applied)
+
     def update(self, iterations: pa.Table, anomalies: list[Anomaly]) -> list[Advice]:
-        """``iterations``: rows of failslow.results "iterations" (rank -1 rows are used);
-        ``anomalies``: slow-anomaly reports (opened, updated or ended)."""
+        """``iterations``: new rows of failslow.results "iterations" (rank -1 rows are
+        used); ``anomalies``: slow-anomaly reports (opened, updated or ended)."""
         advice: list[Advice] = []
         for a in anomalies:
             if a.kind != "slow":
@@ -94,56 +243,185 @@ class MitigationPlanner:
                 else:
                     state.anomaly = a
             elif state is not None:
+                state.anomaly = a
                 advice += self._close(state, a.end_ns)
         if iterations.num_rows:
-            job_rows = iterations.filter(pa.compute.equal(iterations.column("rank"), -1))
-            ends = job_rows.column("t_end").to_numpy()
-            durations = job_rows.column("duration_ns").to_numpy() / 1e9
-            advice += self._accumulate(ends, durations)
+            job_rows = iterations.filter(pc.equal(iterations.column("rank"), -1))
+            if job_rows.num_rows:
+                ends = np.asarray(job_rows.column("t_end").to_numpy(), dtype=np.int64)
+                durations = job_rows.column("duration_ns").to_numpy() / 1e9
+                advice += self._accumulate(ends, durations)
         return advice
 
     def _accumulate(self, ends: np.ndarray, durations: np.ndarray) -> list[Advice]:
         advice: list[Advice] = []
         in_anomaly = np.zeros(len(ends), dtype=bool)
-        healthy = float(np.median(self._healthy)) if self._healthy else None
-        for state in self._open.values():
+        healthy = self.healthy_s
+        for state in list(self._open.values()):
             start = state.anomaly.start_ns or 0
             mask = ends >= start
             in_anomaly |= mask
-            if healthy is not None and mask.any():
-                state.impact_s += float(np.clip(durations[mask] - healthy, 0, None).sum())
+            if mask.any():
+                state.slow_iterations += int(mask.sum())
+                state.slow_total_s += float(durations[mask].sum())
+                if healthy is not None:
+                    state.impact_s += float(np.clip(durations[mask] - healthy, 0, None).sum())
             advice += self._escalate(state, int(ends.max()))
         self._healthy = (self._healthy + durations[~in_anomaly].tolist())[
             -self.config.healthy_window:]
         return advice
 
+    def _advice(self, state: _Open, strategy: str, action: str, t_ns: int, reason: str,
+                plan: dict[str, Any] | None) -> Advice:
+        a = state.anomaly
+        return Advice(self.job, a.id, strategy, action, t_ns, state.impact_s,
+                      self.config.cost_s[strategy], DESCRIPTIONS[strategy], cause=a.cause,
+                      ranks=list(a.ranks), link=None if a.link is None else list(a.link),
+                      slow_iterations=state.slow_iterations,
+                      t_slow_s=(state.slow_total_s / state.slow_iterations
+                                if state.slow_iterations else None),
+                      t_healthy_s=self.healthy_s, reason=reason, plan=plan)
+
     def _escalate(self, state: _Open, now_ns: int) -> list[Advice]:
+        """Algorithm 1, lines 7-16: apply the next strategy while the impact reaches its
+        cost; a strategy whose plan says it cannot help is skipped instead."""
         out: list[Advice] = []
-        ladder = self.candidates(state.anomaly.cause)
-        while state.next_index < len(ladder):
-            strategy = ladder[state.next_index]
+        for strategy in self.candidates(state.anomaly.cause):
+            if strategy in state.applied or strategy in state.skipped:
+                continue
             cost = self.config.cost_s[strategy]
             if state.impact_s < cost:
                 break
+            plan = self._plan(strategy, state.anomaly)
+            reason = f"impact {state.impact_s:.3g} s >= cost {cost:.3g} s"
+            if plan is not None and not plan.get("feasible", True):
+                state.skipped.append(strategy)
+                why = plan.get("reason") or plan.get("note") or "predicted not to help"
+                out.append(self._advice(state, strategy, "skip", now_ns,
+                                        f"{reason}, but {why}", plan))
+                continue
             state.applied.append(strategy)
             state.next_index += 1
-            out.append(Advice(self.job, state.anomaly.id, strategy, "apply", now_ns,
-                              state.impact_s, cost, DESCRIPTIONS[strategy]))
+            if plan is not None:
+                state.plans[strategy] = plan
+            out.append(self._advice(state, strategy, "apply", now_ns, reason, plan))
         return out
+
+    def _plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
+        if self.plans is None or strategy == "S4":
+            return None
+        return self.plans.plan(strategy, anomaly)
 
     def _close(self, state: _Open, end_ns: int) -> list[Advice]:
         del self._open[state.anomaly.id]
-        return [Advice(self.job, state.anomaly.id, s, "revert", end_ns, state.impact_s,
-                       self.config.cost_s[s], DESCRIPTIONS[s])
+        return [self._advice(state, s, "revert", end_ns, "the anomaly ended",
+                             state.plans.get(s))
                 for s in reversed(state.applied) if s in REVERSIBLE]
 
     def snapshot(self) -> dict[str, Any]:
         return {"healthy": self._healthy,
                 "open": {k: {"anomaly": v.anomaly.to_dict(), "impact_s": v.impact_s,
-                             "next_index": v.next_index, "applied": v.applied}
+                             "next_index": v.next_index, "applied": v.applied,
+                             "skipped": v.skipped, "slow_iterations": v.slow_iterations,
+                             "slow_total_s": v.slow_total_s, "plans": v.plans}
                          for k, v in self._open.items()}}
 
     def restore(self, state: dict[str, Any]) -> None:
         self._healthy = list(state["healthy"])
         self._open = {k: _Open(Anomaly.from_dict(v["anomaly"]), v["impact_s"], v["next_index"],
-                               list(v["applied"])) for k, v in state["open"].items()}
+                               list(v["applied"]), list(v.get("skipped", [])),
+                               int(v.get("slow_iterations", 0)),
+                               float(v.get("slow_total_s", 0.0)), dict(v.get("plans", {})))
+                      for k, v in state["open"].items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# plan sources
+
+
+class TracePlans:
+    """S2 and S3 plans from a trace's OpDuration tensors (what-if §3.2): for an anomaly,
+    the steps inside its window are used; S2 measures each DP group's micro-batch time and
+    re-balances, S3 consolidates / swaps roles; both predict the step time before and
+    after with the what-if dependency simulator."""
+
+    def __init__(self, ops: Any, meta: JobMeta, step_starts: np.ndarray | None = None,
+                 multiple_of: int = 1) -> None:
+        self.ops = ops
+        self.meta = meta
+        self.step_starts = step_starts
+        self.multiple_of = multiple_of
+
+    @classmethod
+    def from_tables(cls, tables: dict[str, pa.Table], meta: JobMeta,
+                    multiple_of: int = 1) -> TracePlans:
+        from failslow.detectors.topology_plan import step_start_times
+        from failslow.detectors.whatif import build_ops
+
+        ops = build_ops(tables, meta)
+        return cls(ops, meta, step_start_times(tables, ops, meta), multiple_of)
+
+    def steps_of(self, anomaly: Anomaly) -> np.ndarray:
+        """Which steps of the trace belong to the anomaly (all when step times are unknown)."""
+        from failslow.detectors.topology_plan import steps_in_window
+
+        mask = steps_in_window(self.ops, self.step_starts, [anomaly])
+        return mask if mask.any() else np.ones(self.ops.steps.size, dtype=bool)
+
+    def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
+        from failslow.detectors.microbatches import plan_from_ops
+        from failslow.detectors.topology_plan import plan_for_anomalies, subset_steps
+        from failslow.detectors.whatif_ops import WhatIfInputError
+
+        try:
+            if strategy == "S2":
+                sub = subset_steps(self.ops, self.steps_of(anomaly))
+                return plan_from_ops(sub, multiple_of=self.multiple_of).to_dict()
+            if strategy == "S3":
+                return plan_for_anomalies(self.ops, self.meta, [anomaly],
+                                          self.step_starts).to_dict()
+        except (WhatIfInputError, ValueError) as e:
+            return {"strategy": strategy, "feasible": False, "reason": str(e)}
+        return None
+
+
+class AnomalyPlans:
+    """S2 and S3 plans from the anomaly alone (no trace at hand): DP groups holding a
+    root-cause rank get a micro-batch time of ``severity`` (the anomaly's ``severity`` or
+    ``slowdown``), the others 1; S3 consolidates the root-cause ranks and swaps roles for
+    its link, without a prediction."""
+
+    def __init__(self, meta: JobMeta, multiple_of: int = 1) -> None:
+        self.meta = meta
+        self.multiple_of = multiple_of
+
+    def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
+        from failslow.detectors.microbatches import allocate_microbatches
+        from failslow.detectors.topology_plan import Layout, PhysicalFaults, plan_topology
+
+        layout = Layout.from_meta(self.meta)
+        factor = float(anomaly.extra.get("severity") or anomaly.slowdown or 1.5)
+        blocks = sorted({layout.block_of_rank(r) for r in anomaly.ranks})
+        if strategy == "S2":
+            t = np.ones(self.meta.dp)
+            for b in blocks:
+                t[b % self.meta.dp] = max(t[b % self.meta.dp], factor)
+            total = self.meta.microbatches * self.meta.dp
+            if (t == t[0]).all():
+                return {"strategy": "S2", "feasible": False,
+                        "reason": "every DP group is equally slow: no room to re-balance"}
+            alloc = allocate_microbatches(t, total, self.multiple_of)
+            return {"strategy": "S2", "feasible": True, "m": alloc.m,
+                    "times_s": t.tolist(), "total": total, "max_time_s": alloc.max_time,
+                    "even_max_time_s": float(t.max() * self.meta.microbatches),
+                    "predicted_before_s": None, "predicted_after_s": None}
+        if strategy == "S3":
+            faults = PhysicalFaults()
+            if anomaly.cause in ("compute", "mixed"):
+                faults.compute = {b: factor for b in blocks}
+            if anomaly.cause in ("communication", "mixed") and anomaly.link:
+                a, b = (int(layout.node[r]) for r in anomaly.link[:2])
+                if a != b:
+                    faults.links[(min(a, b), max(a, b))] = factor
+            return plan_topology(layout, faults).to_dict()
+        return None

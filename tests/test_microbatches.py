@@ -84,3 +84,60 @@ def test_bench_reports_figures_against_the_greedy_baseline() -> None:
     assert code == 0
     doc = json.loads(out.getvalue())
     assert {"groups_25_solve_ms", "groups_25_speedup_vs_greedy"} <= set(doc)
+
+
+# --- S2 from a trace: measured micro-batch times, replay with uneven counts ----------------
+
+
+def _trace(faults: list[dict[str, object]], microbatches: int = 8,
+           schedule: str = "1f1b") -> object:
+    from failslow.detectors.whatif import build_ops
+    from failslow.simulator import scenario_from_dict, simulate
+
+    sc = scenario_from_dict({"job": "s2", "parallel": {"tp": 2, "pp": 2, "dp": 4, "cp": 1},
+                             "microbatches": microbatches, "iterations": 6,
+                             "gpus_per_node": 8, "schedule": schedule, "faults": faults,
+                             "sampling": {"progress_ms": 0, "link_ms": 0, "gpu_ms": 0}})
+    res = simulate(sc, 0)
+    return build_ops(res.tables, res.meta)
+
+
+SLOW_GROUP_0 = [{"cause": "compute", "ranks": [0, 1, 8, 9], "start": 0, "severity": 1.6}]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_even_counts_replay_the_traced_schedule(schedule: str) -> None:
+    from failslow.detectors.microbatches import detect_schedule, predict_microbatches
+    from failslow.detectors.whatif_sim import Plan, Variants
+
+    ops = _trace(SLOW_GROUP_0, schedule=schedule)
+    assert detect_schedule(ops) == schedule
+    plan = Plan(ops)
+    keep = np.ones((1, len(plan.kind_names), ops.pp, ops.dp), dtype=bool)
+    original = plan.run(Variants(keep), {n: np.zeros(ops.steps.size) for n in plan.kind_names})
+    np.testing.assert_allclose(predict_microbatches(ops, [8] * 4), original[0], rtol=1e-12)
+
+
+def test_uneven_counts_predict_the_simulated_time() -> None:
+    from failslow.detectors.microbatches import predict_microbatches
+
+    ops = _trace(SLOW_GROUP_0)
+    for m in (4, 12):       # the training simulator runs one count for every DP group
+        measured = float(_trace(SLOW_GROUP_0, microbatches=m).actual.mean())
+        assert float(predict_microbatches(ops, [m] * 4).mean()) == pytest.approx(measured,
+                                                                                 rel=0.03)
+
+
+def test_plan_from_a_trace_gives_the_slow_group_fewer_microbatches() -> None:
+    from failslow.detectors.microbatches import dp_group_times, plan_from_ops
+
+    ops = _trace(SLOW_GROUP_0)
+    t = dp_group_times(ops)
+    assert t[0] == pytest.approx(1.6 * np.median(t[1:]), rel=0.05)
+    plan = plan_from_ops(ops)
+    assert plan.m[0] < 8 < min(plan.m[1:]) + 1 and sum(plan.m) == 32
+    assert plan.feasible
+    assert plan.predicted_after_s is not None and plan.predicted_before_s is not None
+    assert plan.predicted_after_s < 0.85 * plan.predicted_before_s
+    healthy = plan_from_ops(_trace([]))
+    assert not healthy.feasible and "no room" in healthy.reason

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
+import pytest
 
 from failslow import results
-from failslow.detectors.planner import MitigationPlanner, PlannerConfig
+from failslow.detectors.planner import (
+    ADVICE_SCHEMA,
+    Advice,
+    AnomalyPlans,
+    MitigationPlanner,
+    PlannerConfig,
+    TracePlans,
+    advice_table,
+)
 from failslow.diagnosis import Anomaly
 
 S = 1_000_000_000
@@ -58,3 +71,107 @@ def test_snapshot_restore_keeps_accumulated_impact() -> None:
     b.restore(a.snapshot())
     advice = b.update(iterations(15 * S, [2.0]), [])
     assert [a.strategy for a in advice] == ["S2"]
+
+
+# --- escalation ladder per cause, plans, skip, advice events ------------------------------
+
+
+def run_ladder(cause: str, plans: Any = None, slow_s: float = 3.0) -> list[Advice]:
+    planner = MitigationPlanner("j", PlannerConfig(cost_s={"S2": 1.0, "S3": 10.0, "S4": 100.0}),
+                               plans=plans)
+    planner.update(iterations(0, [1.0] * 10), [])
+    out: list[Advice] = []
+    out += planner.update(iterations(10 * S, []), [slow(cause, 10 * S)])
+    t = 10 * S
+    for _ in range(60):                         # 2 s of impact per iteration
+        out += planner.update(iterations(t, [slow_s]), [])
+        t += int(slow_s * S)
+    out += planner.update(iterations(t, []), [slow(cause, 10 * S, t)])
+    return out
+
+
+@pytest.mark.parametrize(("cause", "ladder"), [
+    ("compute", ["S2", "S3", "S4"]),
+    ("communication", ["S3", "S4"]),
+    ("mixed", ["S2", "S3", "S4"]),
+])
+def test_escalation_ladder_per_cause(cause: str, ladder: list[str]) -> None:
+    advice = run_ladder(cause)
+    applied = [a for a in advice if a.action == "apply"]
+    assert [a.strategy for a in applied] == ladder
+    for a in applied:                            # each when the impact reached its cost
+        assert a.impact_s >= a.cost_s and a.cause == cause
+    reverts = [a.strategy for a in advice if a.action == "revert"]
+    assert reverts == [s for s in reversed(ladder) if s != "S4"]
+
+
+class _NoS2:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
+        self.asked.append(strategy)
+        if strategy == "S2":
+            return {"strategy": "S2", "feasible": False, "reason": "no room to re-balance"}
+        return {"strategy": strategy, "feasible": True, "placement": [1, 0]}
+
+
+def test_infeasible_plan_is_skipped_and_plans_are_attached() -> None:
+    source = _NoS2()
+    advice = run_ladder("compute", source)
+    assert [(a.strategy, a.action) for a in advice] == [
+        ("S2", "skip"), ("S3", "apply"), ("S4", "apply"), ("S3", "revert")]
+    assert "no room" in advice[0].reason
+    assert advice[1].plan == {"strategy": "S3", "feasible": True, "placement": [1, 0]}
+    assert advice[3].plan == advice[1].plan       # the revert names what to undo
+    assert source.asked == ["S2", "S3"]            # S4 has no plan to compute
+
+
+def test_advice_event_shape_and_arrow_rows() -> None:
+    advice = run_ladder("compute", _NoS2())
+    doc = advice[1].to_dict()
+    assert {"version", "kind", "advice_id", "job", "anomaly_id", "cause", "ranks", "link",
+            "strategy", "action", "t_ns", "impact_s", "cost_s", "slow_iterations", "t_slow_s",
+            "t_healthy_s", "description", "reason", "plan"} == set(doc)
+    assert doc["kind"] == "mitigation_advice" and doc["advice_id"] == "a1/S3/apply"
+    assert doc["slow_iterations"] > 0 and doc["t_slow_s"] == pytest.approx(3.0)
+    assert doc["t_healthy_s"] == pytest.approx(1.0)
+    table = advice_table(advice)
+    assert table.schema.equals(ADVICE_SCHEMA) and table.num_rows == len(advice)
+    back = Advice.from_dict(table.to_pylist()[1])
+    assert back.plan == advice[1].plan and back.advice_id == advice[1].advice_id
+    assert json.loads(advice[1].to_json())["plan"]["placement"] == [1, 0]
+
+
+def test_trace_plans_attach_s2_counts_and_s3_placement() -> None:
+    from failslow.simulator import scenario_from_dict, simulate
+
+    sc = scenario_from_dict({"job": "p", "parallel": {"tp": 1, "pp": 2, "dp": 4, "cp": 1},
+                             "microbatches": 8, "iterations": 10, "gpus_per_node": 8,
+                             "faults": [{"cause": "compute", "ranks": [1, 5], "start": 4,
+                                         "severity": 1.8}],
+                             "sampling": {"progress_ms": 0, "link_ms": 0, "gpu_ms": 0}})
+    res = simulate(sc, 0)
+    source = TracePlans.from_tables(res.tables, res.meta)
+    anomaly = res.truth.anomalies[0]
+    s2 = source.plan("S2", anomaly)
+    assert s2 is not None and s2["feasible"]
+    m = s2["m"]
+    assert sum(m) == 32 and m[1] == min(m) and m[1] < 8          # DP group 1 is slow
+    assert s2["predicted_after_s"] < s2["predicted_before_s"]
+    s3 = source.plan("S3", anomaly)
+    assert s3 is not None and sorted(s3["placement"]) == list(range(8))
+    fallback = AnomalyPlans(res.meta).plan("S2", anomaly)
+    assert fallback is not None and fallback["m"][1] == min(fallback["m"])
+
+
+def test_snapshot_keeps_skips_and_plans() -> None:
+    config = PlannerConfig(cost_s={"S2": 1.0, "S3": 50.0, "S4": 500.0})
+    a = MitigationPlanner("j", config, plans=_NoS2())
+    a.update(iterations(0, [1.0] * 10), [])
+    advice = a.update(iterations(10 * S, [2.0] * 2), [slow("compute", 10 * S)])
+    assert [x.action for x in advice] == ["skip"]
+    b = MitigationPlanner("j", config, plans=_NoS2())
+    b.restore(json.loads(json.dumps(a.snapshot())))
+    assert b.update(iterations(15 * S, [2.0] * 3), []) == []    # S2 not asked again
+    assert np.isclose(b.snapshot()["open"]["a1"]["impact_s"], 5.0)
