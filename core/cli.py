@@ -20,6 +20,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.infra",
     "failslow.plan",
     "failslow.collectors.importers.cli",
+    "failslow.notify_cli",
+    "failslow.report_cli",
 )
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (

@@ -6,10 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use: chromium (headless page tests), strace (the collector's
-# no-syscall check).
+# no-syscall check), docker-compose (validates docker-compose.yml; no engine is needed).
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
+    || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     sudo_cmd=""
