@@ -31,6 +31,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.detectors.whatif_bench",
     "failslow.collectors.bench_native",
     "failslow.detectors.mitigation_eval",
+    "failslow.detectors.accuracy_hang",
 )
 
 DESCRIPTION = """\
