@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.collectors.importers.cli",
     "failslow.notify_cli",
     "failslow.report_cli",
+    "failslow.agent_cli",
 )
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (

@@ -20,7 +20,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[all]'
+python3 -m pip install --quiet --disable-pip-version-check -e '.[all,example]'
 
 echo "== lint and types"
 ruff check .
