@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ import pyarrow as pa
 from failslow.detectors.hang import HangConfig
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.detectors.slowdown import infer_comms
+from failslow.detectors.whatif import whatif
 from failslow.diagnosis import Diagnosis
+from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, replay
 from failslow.tracedir import TraceDir
 
-#: Record kinds the detectors read (``gpu`` is not needed for a diagnosis).
-KINDS = ("coll", "progress", "link", "span")
+#: Record kinds the detectors read.
+KINDS = ("coll", "progress", "link", "gpu", "span")
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,30 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     td = TraceDir(trace_dir)
     meta = td.meta()
     tables: dict[str, pa.Table] = {k: td.read(k) for k in KINDS if k in td.kinds}
-    if not meta.comms:
+    diag = analyze_tables(meta, tables, window_ns, config, post_mortem)
+    # What-if (ByteDance §3): offline it sees the whole trace at once, better than the
+    # stream's sliding window.
+    if not meta.comms and "coll" in tables:
+        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
+    diag.whatif = whatif({k: tables[k] for k in ("span", "coll") if k in tables}, meta)
+    return diag
+
+
+def analyze_tables(meta: JobMeta, tables: Mapping[str, pa.Table],
+                   window_ns: int = DEFAULT_WINDOW_NS, config: JobConfig | None = None,
+                   post_mortem: bool = False) -> Diagnosis:
+    """:func:`analyze` on tables already in memory (the same code path: replay in time
+    order, ``update`` then ``on_tick(now)`` per batch). Kinds other than :data:`KINDS` are
+    ignored."""
+    return run_analyzer(meta, tables, window_ns, config, post_mortem).diagnosis()
+
+
+def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],
+                 window_ns: int = DEFAULT_WINDOW_NS, config: JobConfig | None = None,
+                 post_mortem: bool = False) -> JobAnalyzer:
+    """The :class:`JobAnalyzer` after the whole trace was replayed through it."""
+    tables = {k: t for k, t in tables.items() if k in KINDS}
+    if not meta.comms and "coll" in tables:
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
     analyzer = JobAnalyzer(meta, config)
     now = None
@@ -72,7 +98,7 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     if post_mortem and now is not None:
         hang = (config.hang if config else None) or HangConfig()
         analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
-    return analyzer.diagnosis()
+    return analyzer
 
 
 def _ns(value: int | None) -> str:

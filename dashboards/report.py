@@ -247,6 +247,7 @@ th,td{border:1px solid #ccc;padding:.25em .55em;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .found{color:#1a7f37;font-weight:600}.missed{color:#cf222e;font-weight:600}
 .muted{color:#666}img{max-width:100%}
+.placeholder{border:1px dashed #bbb;padding:.2em 1em}
 """
 
 
@@ -304,10 +305,95 @@ def truth_rows(matches: Sequence[Match], extra: Sequence[Anomaly], t0: int) -> s
     return f'<table id="truth">{head}{"".join(rows)}</table>'
 
 
+def critical_path_figure(path: Sequence[Any], t0: int) -> str:
+    """The critical path as a timeline, one row per rank on it; base64 PNG."""
+    ranks = sorted({s.rank for s in path})
+    row = {r: i for i, r in enumerate(ranks)}
+    fig = Figure(figsize=(10, 1.2 + 0.32 * len(ranks)))
+    ax = fig.subplots()
+    for s in path:
+        color = "#d62728" if s.kind == "compute" else "#1f77b4"
+        ax.barh(row[s.rank], (s.t1 - s.t0) / 1e6, left=(s.t0 - t0) / 1e6, height=0.6,
+                color=color, edgecolor="none")
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the iteration began (ms)")
+    ax.set_title("Critical path: compute (red) and communication after the last member "
+                 "entered (blue)", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _critical_html(path: Sequence[Any] | None, iteration: int | None, reason: str) -> str:
+    if not path:
+        return ('<div id="critical-path" class="placeholder"><p class="muted">Not available: '
+                f"{_e(reason or 'no completed operations in the iteration')}.</p></div>")
+    from failslow.dashboards.critical_path import summarize
+
+    t0 = path[0].t0
+    total = path[-1].t1 - t0
+    summ = summarize(path)
+    kinds = "".join(f"<tr><td>{_e(k)}</td><td class=num>{v / 1e6:.1f}</td>"
+                    f"<td class=num>{100 * v / max(total, 1):.0f}%</td></tr>"
+                    for k, v in summ["by_kind_ns"].items())
+    ranks = "".join(f"<tr><td>rank {r}</td><td class=num>{v / 1e6:.1f}</td>"
+                    f"<td class=num>{100 * v / max(total, 1):.0f}%</td></tr>"
+                    for r, v in list(summ["compute_by_rank_ns"].items())[:8])
+    ops = "".join(f"<tr><td>{_e(o)}</td><td class=num>{v / 1e6:.1f}</td>"
+                  f"<td class=num>{100 * v / max(total, 1):.0f}%</td></tr>"
+                  for o, v in list(summ["communication_by_op_ns"].items())[:8])
+    png = critical_path_figure(path, t0)
+    return f"""<div id="critical-path">
+<p>Iteration {_e(iteration)}: {total / 1e6:.1f} ms, {len(path)} segments. Walking back
+from the last completion: each round waited for its last member to enter; before that, the
+member computed since its previous operation.</p>
+<img id="critical" alt="critical path of the slow iteration"
+ src="data:image/png;base64,{png}">
+<table id="critical-kinds"><tr><th>on the path</th><th>ms</th><th>share</th></tr>{kinds}
+</table>
+<table id="critical-ranks"><tr><th>compute by rank</th><th>ms</th><th>share</th></tr>{ranks}
+</table>
+<table id="critical-ops"><tr><th>communication by op</th><th>ms</th><th>share</th></tr>{ops}
+</table></div>"""
+
+
+def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: str) -> str:
+    if not whatif:
+        return ('<div id="whatif" class="placeholder"><p class="muted">Not available: '
+                f"{_e(reason or 'the what-if analysis was not run')}.</p></div>")
+    rows = [("slowdown (actual / straggler-free)", f"{whatif['slowdown']:.3f}x")]
+    for k, v in (whatif.get("by_op_type") or {}).items():
+        rows.append((f"only {k} slow", f"{v:.3f}x"))
+    for k in ("M_W", "M_S", "waste"):
+        if whatif.get(k) is not None:
+            rows.append((k, f"{whatif[k]:.3f}"))
+    body = "".join(f"<tr><th>{_e(k)}</th><td class=num>{_e(v)}</td></tr>" for k, v in rows)
+    workers = "".join(
+        f"<tr><td>{_e(w.get('rank', w.get('ranks', '')))}</td>"
+        f"<td class=num>{float(w.get('slowdown', 0)):.3f}</td></tr>"
+        for w in (whatif.get("workers") or [])[:10])
+    imgs = "".join(
+        f'<img class="whatif-heatmap" alt="{_e(p.stem)}" '
+        f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+        for p in images)
+    return (f'<div id="whatif"><table id="whatif-table">{body}</table>'
+            f'<table id="whatif-workers"><tr><th>worker</th><th>slowdown</th></tr>{workers}'
+            f"</table>{imgs}</div>")
+
+
 def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iterations: pa.Table,
                  rounds: pa.Table, truth: Diagnosis | None = None,
-                 title: str | None = None) -> Path:
-    """Write the report of one job to ``path`` (one HTML file) and return its path."""
+                 title: str | None = None, *, critical_path: Sequence[Any] | None = None,
+                 critical_iteration: int | None = None, critical_reason: str = "",
+                 whatif_images: Sequence[Path] = (), whatif_reason: str = "",
+                 sections: bool = False) -> Path:
+    """Write the report of one job to ``path`` (one HTML file) and return its path.
+
+    With ``sections=True`` (what ``failslow report`` asks for) the page also has the critical
+    path of a slow iteration (``critical_path``: segments of
+    :func:`failslow.dashboards.critical_path.critical_path`) and the what-if breakdown
+    (``diagnosis.whatif`` and SMon heatmap PNGs), each replaced by a note saying why when
+    its data is missing."""
     t_end, dur = job_iterations(iterations)
     starts = [int(pc.min(iterations.column("t_start")).as_py())] if iterations.num_rows else []
     starts += [int(pc.min(rounds.column("t_first_enter")).as_py())] if rounds.num_rows else []
@@ -335,6 +421,12 @@ def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iteratio
         found = sum(m.found is not None for m in matches)
         truth_html = (f"<h2>Against the injected faults: {found} of {len(matches)} found"
                       f"</h2>{truth_rows(matches, extra, t0)}")
+    extra_html = ""
+    if sections:
+        extra_html = (f"<h2>Critical path of a slow iteration</h2>"
+                      f"{_critical_html(critical_path, critical_iteration, critical_reason)}"
+                      f"<h2>What-if: the job without stragglers</h2>"
+                      f"{_whatif_html(diagnosis.whatif, whatif_images, whatif_reason)}")
     name = title or f"failslow report: {meta.job}"
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(name)}</title>
@@ -355,6 +447,7 @@ all-reduce.</p>
 <h2>Anomalies</h2>
 {anomaly_rows(anomalies, t0)}
 {truth_html}
+{extra_html}
 <p class="muted">Times in seconds since {t0} ns (Unix epoch).</p>
 </body></html>
 """

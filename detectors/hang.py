@@ -2,41 +2,62 @@
 
 Detection (CCL-D §4.2.1, MEGATRACE Algorithm 1 line 3): an operation with an ``enter`` and no
 ``end`` that has been in flight longer than ``n x T_expected`` is stuck. ``T_expected`` is
-learned per (communicator, operation) from completed history (a high quantile of the last
-``history`` end-enter durations), clamped to ``[floor_ns, ceiling_ns]``; CCL-D's 5-minute
-cutoff is the ceiling and the threshold of operations never seen completing. Tiny allreduces
+learned per (communicator, operation, size class) from completed history (a high quantile of
+the last ``history`` end-enter durations, at least the longest ever: a periodic long
+collective is normal after its first occurrence), pooled over the communicators of the same
+size while a communicator's own history is short, and clamped to ``[floor_ns, ceiling_ns]``;
+CCL-D's 5-minute cutoff is the ceiling and the threshold of operations never seen completing
+and of small operations that once blocked for seconds (synchronisation points where ranks wait
+while one works on the host: checkpoint writes, evaluation). Tiny allreduces
 (<= ``barrier_bytes``, CCL-D's barrier filter) never trigger. A rank that emits nothing for
 ``n x`` its longest usual gap while a peer waits for it is a hang too (MEGATRACE's heartbeat
 timeout); nobody waiting (a pause with nothing in flight) is not. Detection runs on
 ``on_tick`` as time passes, and on ``update`` at the latest record time.
 
+Time is judged per rank up to its *horizon*, ``now`` less its delivery lag (how far its newest
+records trail the job's newest when they arrive): a rank whose records come late (a slow
+collector, a lagging partition) is not taken for one that stopped, and its operations do not
+age early.
+
 Classification (CCL-D §4.2.2, Figure 7) over the Trace ID ``(comm, seq)`` of the stuck round
 (for send/recv: the k-th operation between a sender and a receiver, events.md):
 
 * H1 ``not_entered``: a member's seq counter on the communicator is behind the round (for
-  send/recv: the peer has not posted the matching k-th operation). That member is the root.
+  send/recv: the peer has not posted the matching k-th operation). That member is the root,
+  once it has been silent for ``idle_floor_ns``: only H1 can be mimicked by a healthy rank
+  that is merely busy on the host (a GC pause, a checkpoint write) while its peers wait.
 * H2 ``inconsistent``: everyone entered but with different operations or byte counts (the
-  deviating minority is the root; a tie goes against the signature rarer in history), or
-  some members completed the round while the others hang (CCL-D: "the non-hang ranks are
-  the root cause").
+  deviating minority is the root; a tie goes against the signature the sibling
+  communicators called at that seq, else against the one the members called one iteration
+  earlier, else against the rarer in history), or some members completed the round while
+  the others hang (CCL-D: "the non-hang ranks are the root cause").
 * H3 ``hardware``: everyone entered consistently and nothing completes. The rank with the
   fewest send/recv steps (``progress`` rows, compared within the round) is the root; a queue
   pair whose posted work requests accumulate without completions (MEGATRACE §III-B2, §III-C
   step 2) names the link, and the report waits a few link samples for that evidence. A member
   that holds in flight rounds its peers completed *and passed* stopped completing work (its
   device: a GPU error), which is H3 with that member as root, not H2.
+  An all-entered round is stuck from its *last* entry on (the transfer cannot start before:
+  CCL-D §4.1), so a member that arrives late and then completes is neither H1 nor H3.
 
 Cascades: the wait graph goes rank -> its head operations (the earliest in flight: a rank runs
 its calls in order, later ones are queued behind) -> the members missing from those rounds.
 It is followed from every stuck operation to a root: an idle rank (H1), a round every member
 entered (H2/H3), or a hang already reported (the operation is a victim: no new report). One
-anomaly is reported per root, with MEGATRACE's *halt point* (the first operation the root
-failed to call or complete) and the training stage (§III-C step 3), with the 1F1B pass and
-micro-batch for pipeline send/recv.
+anomaly is reported per root, with MEGATRACE's *halt point*: the first operation the root
+failed to call or complete in its own program order (a pipeline or data-parallel round
+counts only once a rank in lockstep with the root, a member of its TP or CP group, reached
+the same point), and the training stage (§III-C step 3). The halt point is placed in the
+1F1B or GPipe schedule rebuilt from ``meta`` (:func:`stage_program`): for pipeline send/recv
+from the direction and the pair index, for tensor- and context-parallel collectives from the
+last pipeline transfer or data-parallel sync before them among the rank's recent operations;
+``extra`` carries ``pass`` (forward/backward), ``microbatch`` and ``schedule_phase``
+(warmup/steady/cooldown).
 """
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +74,7 @@ from failslow.events import JobMeta
 SEND, RECV = events.OP["send"], events.OP["recv"]
 ALLREDUCE = events.OP["allreduce"]
 N_OPS = len(events.COLL_OPS)
+N_KEYS = 2 * N_OPS       # duration statistics per (operation, size class)
 NO_TIME = int(np.iinfo(np.int64).min)
 
 # Bit layout of the single int64 keys of the sorted tables.
@@ -72,10 +94,37 @@ class HangConfig:
     of cases exceeding this limit cannot recover"); the threshold never exceeds it, and an
     operation type with no history waits this long. ``quantile`` of the last ``history``
     durations of a (communicator, operation) is ``T_expected`` once ``min_history`` of them
-    were seen. ``barrier_bytes``: CCL-D's barrier filter (allreduce of at most 4 bytes).
+    were seen. ``long_tail``: ``T_expected`` is at least the longest duration the operation
+    ever completed in (not counting reported hangs): a periodic long collective, e.g. ranks
+    waiting in a collective while one rank writes a checkpoint, is learned as normal after its
+    first occurrence (CCL-D §4.2.1 sets its threshold "considering such long operations").
+    Durations are kept per (communicator, operation, size class): buffers of at most
+    ``small_bytes`` (metadata, flags, losses) apart from payload buffers of the same
+    operation, so a first small all-gather on a data-parallel group (as checkpoint code
+    issues) does not borrow the expectation of the parameter all-gathers; an unseen
+    (communicator, operation, size class) borrows from the communicators of the same size,
+    else it waits for the ceiling; and a small operation that once blocked for
+    ``idle_floor_ns`` or more is a synchronisation point (ranks wait in it while one works
+    on the host for any length of time): the ceiling too. ``barrier_bytes``: CCL-D's
+    barrier filter (allreduce of at most 4 bytes).
+    ``idle_floor_ns``: the least time a member that never entered a round (H1) must have been
+    silent before it is named the root. Only H1 can be mimicked by a healthy rank that is
+    merely busy on the host (a Python GC pause, logging, a checkpoint write on one rank, a
+    data-loader stall) while its peers wait; an all-entered round that stops completing (H2,
+    H3) cannot, so it keeps the floor of ``floor_ns``. Set it to ``floor_ns`` for MEGATRACE's
+    bare 2 x ``T_expected``.
     Silence (a rank emits nothing while a peer waits on it): threshold ``silence_n`` times the
-    rank's longest gap between its own records, at least ``silence_floor_ns``, learned after
-    ``silence_min_gaps`` gaps. ``link_stall_ns``: how long a queue pair's completions must
+    rank's longest gap between its own records, at least ``silence_floor_ns`` and
+    ``idle_floor_ns``, learned after ``silence_min_gaps`` gaps; only for waits in operations
+    with a learned expectation (an operation never seen before waits for its own threshold).
+    ``lag_decay``: delivery lag per rank (how far its newest records trail the newest records
+    of the job when they arrive, a slow collector or a lagging partition) is the decaying
+    maximum of its samples; a rank's records are taken as complete only up to ``now - lag``
+    (lags under ``lag_min_ns``, the granularity of batches and ticks, count as none), so a
+    late rank is neither blamed as not entered nor its operations aged too early.
+    ``recent_ops``: the last operations of each rank kept to place a tensor- or
+    context-parallel halt point in the 1F1B schedule (pass, micro-batch).
+    ``link_stall_ns``: how long a queue pair's completions must
     stand still while posted work requests grow to call the link broken; a hardware hang
     waits at most ``link_wait_ns`` for that evidence when queue pairs report. ``p2p_batch_ns``:
     sends/recvs posted this close together count as one ``batch_isend_irecv`` when choosing
@@ -87,12 +136,18 @@ class HangConfig:
     ceiling_ns: int = 300_000_000_000
     quantile: float = 1.0
     history: int = 128
-    min_history: int = 4
+    min_history: int = 2
+    long_tail: bool = True
+    small_bytes: int = 65_536
     barrier_bytes: int = 4
+    idle_floor_ns: int = 5_000_000_000
     silence: bool = True
     silence_n: float = 2.0
     silence_floor_ns: int = 1_000_000_000
     silence_min_gaps: int = 50
+    lag_decay: float = 0.95
+    lag_min_ns: int = 250_000_000
+    recent_ops: int = 128
     link_stall_ns: int = 500_000_000
     p2p_batch_ns: int = 1_000_000
     link_wait_ns: int = 5_000_000_000
@@ -176,6 +231,8 @@ _INFLIGHT: dict[str, Any] = {
     "peer": np.int64, "crank": np.int64, "t": np.int64, "pidx": np.int64, "steps": np.int64,
     "steps_t": np.int64, "hang": np.int64,
 }
+#: Columns of the per-rank ring of recent operations (halt-point placement in the schedule).
+_RING = ("comm", "seq", "op", "t", "pidx", "peer", "bytes")
 _CR_SPEC: dict[str, tuple[Any, int]] = {
     "crank": (np.int64, -1), "last_seq": (np.int64, -1), "last_t": (np.int64, NO_TIME),
     "done_seq": (np.int64, -1), "done_op": (np.int64, -1), "done_bytes": (np.int64, -1),
@@ -197,9 +254,118 @@ def _pair_key(comm: np.ndarray, rank: np.ndarray, peer: np.ndarray, is_recv: np.
     return (key << 1) | is_recv.astype(np.int64)
 
 
+def _stat_key(op: np.ndarray, nbytes: np.ndarray, small: int) -> np.ndarray:
+    """Column of the duration statistics: the operation, and whether its buffer is larger
+    than ``small`` bytes (payload) or not (metadata, flags, scalars)."""
+    return 2 * np.maximum(op, 0) + (nbytes > small).astype(np.int64)
+
+
+def _pack(a: np.ndarray) -> str:
+    """An int64 array as base64 text (compact in JSON snapshots)."""
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<i8").tobytes()).decode("ascii")
+
+
+def _unpack(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<i8").astype(np.int64)
+
+
 def _u64_to_i64(a: np.ndarray) -> np.ndarray:
     """Counters and sizes as int64 (saturating; nulls already replaced)."""
     return np.minimum(a.astype(np.uint64), np.uint64(2**63 - 1)).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# pipeline schedules (MEGATRACE §III-C: the expected DAG is rebuilt from the configuration)
+
+
+def stage_program(schedule: str, stage: int, stages: int, micro: int) -> list[tuple[str, Any]]:
+    """The steps of pipeline ``stage`` of ``stages`` in one iteration of Megatron's
+    non-interleaved schedules: ``("D", "allgather")`` params-sync first, ``("F", mb)`` /
+    ``("B", mb)`` forward / backward compute of a micro-batch, ``("P", ops)`` one
+    ``batch_isend_irecv`` with ops ``(send, grad, mb)`` (``grad``: a gradient of the
+    backward pass, else an activation), ``("D", "reducescatter")`` grads-sync last.
+
+    1F1B: ``w = min(P - s - 1, M)`` warm-up forwards, ``M - w`` steady (forward, send the
+    activation with the receive of a gradient, backward, send the gradient with the receive
+    of the next activation), ``w`` cool-down backwards. GPipe: every forward, then every
+    backward."""
+    first, last = stage == 0, stage == stages - 1
+    recv_fwd = [] if first else [(False, False)]
+    send_fwd = [] if last else [(True, False)]
+    recv_bwd = [] if last else [(False, True)]
+    send_bwd = [] if first else [(True, True)]
+    steps: list[tuple[str, Any]] = [("D", "allgather")]
+
+    def p2p(*parts: tuple[list[tuple[bool, bool]], int]) -> None:
+        ops = tuple((send, grad, mb) for kinds, mb in parts for send, grad in kinds)
+        if ops:
+            steps.append(("P", ops))
+
+    if schedule == "gpipe":
+        for i in range(micro):
+            p2p((recv_fwd, i))
+            steps.append(("F", i))
+            p2p((send_fwd, i))
+        for i in range(micro):
+            p2p((recv_bwd, i))
+            steps.append(("B", i))
+            p2p((send_bwd, i))
+    else:
+        warm = min(stages - stage - 1, micro)
+        for i in range(warm):
+            p2p((recv_fwd, i))
+            steps.append(("F", i))
+            p2p((send_fwd, i))
+        if micro > warm:
+            p2p((recv_fwd, warm))
+        for i in range(micro - warm):
+            steps.append(("F", warm + i))
+            p2p((send_fwd, warm + i), (recv_bwd, i))
+            steps.append(("B", i))
+            if i == micro - warm - 1:
+                p2p((send_bwd, i))
+            else:
+                p2p((send_bwd, i), (recv_fwd, warm + i + 1))
+        for i in range(micro - warm, micro):
+            p2p((recv_bwd, i))
+            steps.append(("B", i))
+            p2p((send_bwd, i))
+    steps.append(("D", "reducescatter"))
+    return steps
+
+
+def _compute_between(prog: list[tuple[str, Any]], after: int, until: int | None,
+                     has_dp: bool) -> list[tuple[str, Any]]:
+    """The compute steps that follow step ``after`` of a stage program, cyclically (the
+    next iteration follows), up to step ``until`` or the next boundary: a point-to-point
+    batch, or a data-parallel sync when the job has one (else the iteration runs on)."""
+    out: list[tuple[str, Any]] = []
+    n = len(prog)
+    for k in range(1, n):
+        i = (after + k) % n
+        if i == until:
+            break
+        kind, what = prog[i]
+        if kind == "P" or (kind == "D" and has_dp):
+            if until is None:
+                break
+            return []           # another boundary first: not a gap between the two
+        if kind in ("F", "B"):
+            out.append((kind, what))
+    return out
+
+
+def schedule_phase(schedule: str, stage: int, stages: int, micro: int, pas: str, mb: int
+                   ) -> str | None:
+    """``warmup``, ``steady`` or ``cooldown``: where the forward or backward of micro-batch
+    ``mb`` falls in the 1F1B schedule of ``stage`` (None for other schedules or without
+    pipeline parallelism)."""
+    if schedule != "1f1b" or stages <= 1 or micro <= 0:
+        return None
+    warm = min(stages - stage - 1, micro)
+    if pas == "forward":
+        return "warmup" if mb < warm else "steady"
+    return "cooldown" if mb >= micro - warm else "steady"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,16 +412,23 @@ class HangDetector:
         self._fl: dict[str, np.ndarray] = {n: np.zeros(0, d) for n, d in _INFLIGHT.items()}
         self._orphans: dict[str, np.ndarray] = {n: np.zeros(0, np.int64)
                                                 for n in ("comm", "rank", "seq", "t")}
-        # durations per (comm, op): ring buffers
-        self._stat_row = np.full((0, N_OPS), -1, dtype=np.int64)
+        # durations per (comm, op, size class): ring buffers and the longest ever
+        self._stat_row = np.full((0, N_KEYS), -1, dtype=np.int64)
         self._dur = np.full((0, self.config.history), -1, dtype=np.int64)
         self._dur_pos = np.zeros(0, dtype=np.int64)
         self._dur_n = np.zeros(0, dtype=np.int64)
         self._exp = np.full(0, -1, dtype=np.int64)
-        # per rank
+        self._tail = np.full(0, -1, dtype=np.int64)
+        # per rank: last record, longest gap, delivery lag, recent operations
         self._rk_last = np.full(0, NO_TIME, dtype=np.int64)
         self._rk_gap = np.zeros(0, dtype=np.int64)
         self._rk_ngap = np.zeros(0, dtype=np.int64)
+        self._rk_lag = np.zeros(0, dtype=np.int64)
+        self._rk_new = np.full(0, NO_TIME, dtype=np.int64)   # newest record of this batch
+        self._ring = np.zeros((0, self.config.recent_ops, len(_RING)), dtype=np.int64)
+        self._ring_n = np.zeros(0, dtype=np.int64)
+        self._first_t = NO_TIME
+        self._now = NO_TIME
         # links (queue pairs)
         self._qp_ids: dict[str, int] = {}
         self._qp_info: list[tuple[str, str, str | None, int]] = []
@@ -293,17 +466,53 @@ class HangDetector:
         link = batch.get("link")
         if link is not None and link.num_rows:
             self._ingest_link(link)
+        self._note_lag()
         out = self._finished()
         if self._latest != NO_TIME:
-            out += self._check(self._latest)
+            out += self._check(max(self._latest, self._now))
         return out
 
     def on_tick(self, now_ns: int) -> list[Anomaly]:
+        self._now = max(self._now, int(now_ns))
         return self._finished() + self._check(int(now_ns))
+
+    def expected_ns(self, comm: int, op: str, nbytes: int) -> tuple[int | None, int]:
+        """``(T_expected, threshold)`` of an operation on communicator ``comm`` as it stands:
+        ``T_expected`` learned from history (None: unknown, the threshold is the ceiling),
+        the threshold ``clamp(n x T_expected, floor, ceiling)`` (module docstring)."""
+        cfg = self.config
+        ci = self._comm_ids.get(int(comm), -1)
+        if ci < 0:
+            return None, cfg.ceiling_ns
+        exp = self._expectations(np.array([ci]), np.array([events.OP[op]]),
+                                 np.array([int(nbytes)]))
+        if not np.isfinite(exp[0]):
+            return None, cfg.ceiling_ns
+        thr = int(np.clip(cfg.n_expected * exp[0], cfg.floor_ns, cfg.ceiling_ns))
+        return int(exp[0]), thr
+
+    def horizon(self, now_ns: int) -> np.ndarray:
+        """Per rank: the time up to which its records are taken as complete at ``now_ns``
+        (``now`` less its delivery lag)."""
+        lag = self._rk_lag
+        return int(now_ns) - np.where(lag >= self.config.lag_min_ns, lag, 0)
+
+    def _note_lag(self) -> None:
+        """Delivery lag samples of the ranks whose records came in this batch: how far their
+        newest record trails the newest record of the job (or the last tick)."""
+        new = self._rk_new
+        got = np.flatnonzero(new != NO_TIME)
+        if not len(got):
+            return
+        front = max(self._latest, self._now)
+        sample = np.maximum(front - new[got], 0)
+        decayed = (self._rk_lag[got] * self.config.lag_decay).astype(np.int64)
+        self._rk_lag[got] = np.maximum(sample, decayed)
+        new[got] = NO_TIME
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "version": 1, "latest": self._latest,
+            "version": 2, "latest": self._latest, "now": self._now, "first_t": self._first_t,
             "comms": {"u64": self._comm_u64, "kind": self._comm_kind, "size": self._comm_size,
                       "p2p": self._comm_p2p},
             "cr": self._cr.to_state(), "crk": self._crk.to_state(),
@@ -312,9 +521,10 @@ class HangDetector:
             "orphans": {n: a.tolist() for n, a in self._orphans.items()},
             "stats": {"row": self._stat_row.tolist(), "dur": self._dur.tolist(),
                       "pos": self._dur_pos.tolist(), "n": self._dur_n.tolist(),
-                      "exp": self._exp.tolist()},
+                      "exp": self._exp.tolist(), "tail": self._tail.tolist()},
             "ranks": {"last": self._rk_last.tolist(), "gap": self._rk_gap.tolist(),
-                      "ngap": self._rk_ngap.tolist()},
+                      "ngap": self._rk_ngap.tolist(), "lag": self._rk_lag.tolist(),
+                      "ring": _pack(self._ring), "ring_n": self._ring_n.tolist()},
             "qp": {"keys": list(self._qp_ids), "info": [list(i) for i in self._qp_info],
                    **{n: a.tolist() for n, a in self._qp.items()}},
             "signatures": [[*k, v] for k, v in self._signatures.items()],
@@ -325,9 +535,11 @@ class HangDetector:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") != 1:
+        if state.get("version") != 2:
             raise ValueError("hang detector: unknown snapshot version")
         self._latest = int(state["latest"])
+        self._now = int(state["now"])
+        self._first_t = int(state["first_t"])
         comms = state["comms"]
         self._comm_u64 = [int(c) for c in comms["u64"]]
         self._comm_ids = {c: i for i, c in enumerate(self._comm_u64)}
@@ -341,15 +553,21 @@ class HangDetector:
         self._fl = {n: np.asarray(state["inflight"][n], dtype=d) for n, d in _INFLIGHT.items()}
         self._orphans = {n: np.asarray(a, dtype=np.int64) for n, a in state["orphans"].items()}
         st = state["stats"]
-        self._stat_row = np.asarray(st["row"], dtype=np.int64).reshape(-1, N_OPS)
+        self._stat_row = np.asarray(st["row"], dtype=np.int64).reshape(-1, N_KEYS)
         self._dur = np.asarray(st["dur"], dtype=np.int64).reshape(-1, self.config.history)
         self._dur_pos = np.asarray(st["pos"], dtype=np.int64)
         self._dur_n = np.asarray(st["n"], dtype=np.int64)
         self._exp = np.asarray(st["exp"], dtype=np.int64)
+        self._tail = np.asarray(st["tail"], dtype=np.int64)
         rk = state["ranks"]
         self._rk_last = np.asarray(rk["last"], dtype=np.int64)
         self._rk_gap = np.asarray(rk["gap"], dtype=np.int64)
         self._rk_ngap = np.asarray(rk["ngap"], dtype=np.int64)
+        self._rk_lag = np.asarray(rk["lag"], dtype=np.int64)
+        self._rk_new = np.full(len(self._rk_last), NO_TIME, dtype=np.int64)
+        self._ring = _unpack(rk["ring"]).reshape(len(self._rk_last), self.config.recent_ops,
+                                                 len(_RING))
+        self._ring_n = np.asarray(rk["ring_n"], dtype=np.int64)
         qp = state["qp"]
         self._qp_ids = {k: i for i, k in enumerate(qp["keys"])}
         self._qp_info = [(str(a), str(b), c, int(d)) for a, b, c, d in qp["info"]]
@@ -373,7 +591,7 @@ class HangDetector:
             self._comm_kind.append(None)
             self._comm_size.append(size)
             self._comm_p2p.append(False)
-            grow = np.full((ci + 1 - len(self._stat_row), N_OPS), -1, dtype=np.int64)
+            grow = np.full((ci + 1 - len(self._stat_row), N_KEYS), -1, dtype=np.int64)
             self._stat_row = np.concatenate([self._stat_row, grow])
         return ci
 
@@ -393,6 +611,11 @@ class HangDetector:
             self._rk_last = np.concatenate([self._rk_last, np.full(n, NO_TIME, np.int64)])
             self._rk_gap = np.concatenate([self._rk_gap, np.zeros(n, np.int64)])
             self._rk_ngap = np.concatenate([self._rk_ngap, np.zeros(n, np.int64)])
+            self._rk_lag = np.concatenate([self._rk_lag, np.zeros(n, np.int64)])
+            self._rk_new = np.concatenate([self._rk_new, np.full(n, NO_TIME, np.int64)])
+            self._ring = np.concatenate([self._ring, np.zeros(
+                (n, self.config.recent_ops, len(_RING)), np.int64)])
+            self._ring_n = np.concatenate([self._ring_n, np.zeros(n, np.int64)])
 
     def _ingest_coll(self, table: pa.Table) -> None:
         rank = table.column("rank").to_numpy().astype(np.int64)
@@ -436,6 +659,9 @@ class HangDetector:
         last = np.ones(len(r), dtype=bool)
         last[:-1] = r[1:] != r[:-1]
         self._rk_last[r[last]] = np.maximum(self._rk_last[r[last]], ts[last])
+        self._rk_new[r[last]] = np.maximum(self._rk_new[r[last]], ts[last])
+        t_min = int(ts.min())
+        self._first_t = t_min if self._first_t == NO_TIME else min(self._first_t, t_min)
 
     def _ingest_enters(self, rank: np.ndarray, ci: np.ndarray, crank: np.ndarray,
                        seq: np.ndarray, op: np.ndarray, nbytes: np.ndarray, peer: np.ndarray,
@@ -482,6 +708,40 @@ class HangDetector:
             new = {n: a[~dup] for n, a in new.items()}
         self._fl = {n: np.concatenate([self._fl[n], new[n]]) for n in _INFLIGHT}
         self._fl_version += 1
+        self._remember(new)
+
+    def _remember(self, new: dict[str, np.ndarray]) -> None:
+        """Append entered operations to their rank's ring of recent operations (in order of
+        time; the last ``recent_ops`` of a rank are kept)."""
+        rank = new["rank"]
+        width = self.config.recent_ops
+        if not len(rank) or width <= 0:
+            return
+        order = np.lexsort((new["seq"], new["t"], rank))
+        r = rank[order]
+        start = np.ones(len(r), dtype=bool)
+        start[1:] = r[1:] != r[:-1]
+        head = np.maximum.accumulate(np.where(start, np.arange(len(r)), 0))
+        pos = np.arange(len(r)) - head
+        uniq, counts = np.unique(r, return_counts=True)
+        count_of = counts[np.searchsorted(uniq, r)]
+        keep = pos >= count_of - width
+        slot = (self._ring_n[r] + pos) % width
+        vals = np.stack([new[c][order] for c in _RING], axis=1)
+        self._ring[r[keep], slot[keep]] = vals[keep]
+        self._ring_n[uniq] += counts
+
+    def recent_ops(self, rank: int) -> dict[str, np.ndarray]:
+        """The rank's last entered operations (at most ``recent_ops``), in time order:
+        communicator index, seq, op code, enter time, point-to-point index, peer, bytes."""
+        if rank >= len(self._ring_n):
+            return {c: np.zeros(0, np.int64) for c in _RING}
+        width = self.config.recent_ops
+        n = int(min(self._ring_n[rank], width))
+        idx = (int(self._ring_n[rank]) - n + np.arange(n)) % width
+        block = self._ring[rank, idx]
+        block = block[np.lexsort((block[:, 1], block[:, 3]))]
+        return {c: block[:, j] for j, c in enumerate(_RING)}
 
     def _ingest_ends(self, rank: np.ndarray, ci: np.ndarray, seq: np.ndarray, op: np.ndarray,
                      nbytes: np.ndarray, t: np.ndarray) -> None:
@@ -520,8 +780,9 @@ class HangDetector:
         done |= lost
         end_t[lost] = self._latest
         if done.any():
-            self._learn(fl["comm"][done & ~lost], fl["op"][done & ~lost],
-                        (end_t - fl["t"])[done & ~lost], fl["hang"][done & ~lost])
+            ok = done & ~lost
+            self._learn(fl["comm"][ok], fl["op"][ok], fl["bytes"][ok], (end_t - fl["t"])[ok],
+                        fl["hang"][ok])
             for h in np.unique(fl["hang"][done]).tolist():
                 if h >= 0:
                     sel = done & (fl["hang"] == h)
@@ -551,25 +812,31 @@ class HangDetector:
             keep = sorted(book.items(), key=lambda kv: -kv[1])[: self.config.max_signatures]
             self._signatures = dict(keep)
 
-    def _learn(self, ci: np.ndarray, op: np.ndarray, dur: np.ndarray, hang: np.ndarray) -> None:
-        """Append completed durations to the ring buffer of their (comm, op); operations that
-        were part of a reported hang are not history."""
+    def _learn(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray, dur: np.ndarray,
+               hang: np.ndarray) -> None:
+        """Append completed durations to the ring buffer of their (comm, op, size class) and
+        raise its longest duration; operations that were part of a reported hang are not
+        history."""
         ok = (hang < 0) & (dur >= 0)
-        ci, op, dur = ci[ok], op[ok], dur[ok]
+        ci, dur = ci[ok], dur[ok]
         if not len(ci):
             return
-        rows = self._stat_row[ci, op]
+        key = _stat_key(op[ok], nbytes[ok], self.config.small_bytes)
+        rows = self._stat_row[ci, key]
         missing = rows < 0
         if missing.any():
-            pairs = np.unique(ci[missing] * N_OPS + op[missing])
+            pairs = np.unique(ci[missing] * N_KEYS + key[missing])
             start = len(self._dur_n)
-            self._stat_row[pairs // N_OPS, pairs % N_OPS] = np.arange(start, start + len(pairs))
+            self._stat_row[pairs // N_KEYS, pairs % N_KEYS] = np.arange(start,
+                                                                         start + len(pairs))
             width = self.config.history
             self._dur = np.concatenate([self._dur, np.full((len(pairs), width), -1, np.int64)])
             self._dur_pos = np.concatenate([self._dur_pos, np.zeros(len(pairs), np.int64)])
             self._dur_n = np.concatenate([self._dur_n, np.zeros(len(pairs), np.int64)])
             self._exp = np.concatenate([self._exp, np.full(len(pairs), -1, np.int64)])
-            rows = self._stat_row[ci, op]
+            self._tail = np.concatenate([self._tail, np.full(len(pairs), -1, np.int64)])
+            rows = self._stat_row[ci, key]
+        np.maximum.at(self._tail, rows, dur)
         order = np.argsort(rows, kind="stable")
         g = rows[order]
         first = np.ones(len(g), dtype=bool)
@@ -592,13 +859,18 @@ class HangDetector:
         self._exp[uniq] = np.take_along_axis(block, at[:, None], axis=1)[:, 0]
 
     def _ingest_progress(self, table: pa.Table) -> None:
+        rank_all = table.column("rank").to_numpy().astype(np.int64)
+        t_all = table.column("t").to_numpy().astype(np.int64)
+        self._grow_ranks(int(rank_all.max()))
+        np.maximum.at(self._rk_new, rank_all, t_all)     # delivery evidence (lag)
         ci = self._comm_index(table.column("comm").to_numpy())
         known = ci >= 0
         if not known.any() or not len(self._fl["t"]):
+            self._latest = max(self._latest, int(t_all.max()))
             return
-        rank = table.column("rank").to_numpy().astype(np.int64)[known]
+        rank = rank_all[known]
         seq = _u64_to_i64(table.column("seq").to_numpy())[known]
-        t = table.column("t").to_numpy().astype(np.int64)[known]
+        t = t_all[known]
         steps = (_u64_to_i64(table.column("send_count").to_numpy())
                  + _u64_to_i64(table.column("recv_count").to_numpy()))[known]
         self._latest = max(self._latest, int(t.max()))
@@ -677,44 +949,66 @@ class HangDetector:
     # -----------------------------------------------------------------------------------------
     # thresholds
 
-    def _thresholds(self) -> np.ndarray:
-        """Per in-flight operation: clamp(n x T_expected(comm, op), floor, ceiling).
+    def _expectations(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """``T_expected`` per operation (float ns, ``inf`` when unknown): the quantile of the
+        recent durations of its (communicator, operation, size class), at least the longest
+        it ever took (``long_tail``), once ``min_history`` were seen. With fewer, the
+        communicators of the same size (the same parallel dimension) pool their history for
+        that operation and size class; with no such history it is unknown (first calls
+        include connection set-up: the ceiling applies)."""
+        cfg = self.config
+        key = _stat_key(op, nbytes, cfg.small_bytes)
+        exp = np.full(len(ci), np.inf)
+        if not len(self._dur_n) or not len(ci):
+            return exp
+        eff = self._exp.astype(np.float64)
+        if cfg.long_tail:
+            eff = np.maximum(eff, self._tail.astype(np.float64))
+        rows = self._stat_row[ci, key]
+        safe = np.maximum(rows, 0)
+        ok = (rows >= 0) & (self._dur_n[safe] >= cfg.min_history)
+        exp[ok] = eff[safe[ok]]
+        if ok.all():
+            return self._host_sync(exp, key)
+        # pooled over communicators of the same size
+        sizes = np.asarray(self._comm_size, dtype=np.int64)
+        ci_r, key_r = np.nonzero(self._stat_row >= 0)
+        row_r = self._stat_row[ci_r, key_r]
+        pool = sizes[ci_r] * N_KEYS + key_r
+        order = np.argsort(pool, kind="stable")
+        pool, row_r = pool[order], row_r[order]
+        uniq, first = np.unique(pool, return_index=True)
+        count = np.add.reduceat(self._dur_n[row_r], first)
+        best = np.maximum.reduceat(eff[row_r], first)
+        want = sizes[ci[~ok]] * N_KEYS + key[~ok]
+        pos = np.minimum(np.searchsorted(uniq, want), len(uniq) - 1)
+        found = (uniq[pos] == want) & (count[pos] >= cfg.min_history)
+        exp[~ok] = np.where(found, best[pos], np.inf)
+        return self._host_sync(exp, key)
 
-        An operation type never completed on its communicator borrows the expectation of the
-        same operation on communicators of the same size (the same parallel dimension); with
-        no such history it waits for the ceiling (first calls include connection set-up)."""
+    def _host_sync(self, exp: np.ndarray, key: np.ndarray) -> np.ndarray:
+        """A small (control) operation that has already blocked as long as a host pause is a
+        synchronisation point, like CCL-D's barriers: ranks wait in it while one does
+        host-side work (a checkpoint write, an evaluation) of any length, so its
+        expectation is unknown and the ceiling applies."""
+        small = key % 2 == 0
+        return np.where(small & (exp >= self.config.idle_floor_ns), np.inf, exp)
+
+    def _thresholds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per in-flight operation: ``clamp(n x T_expected, floor, ceiling)``, and whether
+        ``T_expected`` is known (else the threshold is the ceiling)."""
         cfg = self.config
         fl = self._fl
-        ops = np.maximum(fl["op"], 0)
-        rows = self._stat_row[fl["comm"], ops]
-        learned = self._dur_n >= cfg.min_history
-        exp = np.full(len(rows), np.inf)
-        if len(learned):
-            safe = np.maximum(rows, 0)
-            ok = (rows >= 0) & learned[safe]
-            exp[ok] = self._exp[safe[ok]]
-            if not ok.all() and learned.any():
-                sizes = np.asarray(self._comm_size, dtype=np.int64)
-                ci_r, op_r = np.nonzero(self._stat_row >= 0)
-                row_r = self._stat_row[ci_r, op_r]
-                good = learned[row_r]
-                key_r = sizes[ci_r[good]] * N_OPS + op_r[good]
-                exp_r = self._exp[row_r[good]]
-                order = np.argsort(key_r, kind="stable")
-                key_r, exp_r = key_r[order], exp_r[order]
-                uniq, first = np.unique(key_r, return_index=True)
-                best = np.maximum.reduceat(exp_r, first)
-                want = sizes[fl["comm"][~ok]] * N_OPS + ops[~ok]
-                pos = np.minimum(np.searchsorted(uniq, want), len(uniq) - 1)
-                found = uniq[pos] == want
-                borrowed = np.where(found, best[pos].astype(np.float64), np.inf)
-                exp[~ok] = borrowed
-        thr = np.clip(cfg.n_expected * exp, cfg.floor_ns, cfg.ceiling_ns)
-        return np.nan_to_num(thr, posinf=cfg.ceiling_ns).astype(np.int64)
+        exp = self._expectations(fl["comm"], fl["op"], fl["bytes"])
+        known = np.isfinite(exp)
+        thr = np.clip(cfg.n_expected * np.where(known, exp, 0.0), cfg.floor_ns, cfg.ceiling_ns)
+        thr = np.where(known, thr, cfg.ceiling_ns)
+        return thr.astype(np.int64), known
 
     def _silence_thresholds(self) -> np.ndarray:
         cfg = self.config
-        thr = np.clip(cfg.silence_n * self._rk_gap.astype(np.float64), cfg.silence_floor_ns,
+        floor = max(cfg.silence_floor_ns, cfg.idle_floor_ns)
+        thr = np.clip(cfg.silence_n * self._rk_gap.astype(np.float64), floor,
                       cfg.ceiling_ns).astype(np.int64)
         return np.where(self._rk_ngap >= cfg.silence_min_gaps, thr, cfg.ceiling_ns)
 
@@ -802,16 +1096,18 @@ class HangDetector:
         if n == 0:
             return []
         cfg = self.config
-        thr = self._thresholds()
-        age = now - fl["t"]
+        thr, known = self._thresholds()
+        horizon = self.horizon(now)
+        # an operation's age counts up to its rank's horizon (its records may be late)
+        age = horizon[fl["rank"]] - fl["t"]
         barrier = (fl["op"] == ALLREDUCE) & (fl["bytes"] <= cfg.barrier_bytes)
         stuck = (age > thr) & ~barrier & (fl["hang"] < 0)
-        silent = self._silent_ranks(now) if cfg.silence else np.zeros(0, np.int64)
+        silent = self._silent_ranks(horizon) if cfg.silence else np.zeros(0, np.int64)
         if self._quiet_cache[0] == self._fl_version:
             silent = silent[~np.isin(silent, list(self._quiet_cache[1]))]
         if not stuck.any() and not len(silent):
             return []
-        ctx = _Context(self, now, thr)
+        ctx = _Context(self, now, thr, horizon)
         triggers = [ctx.round_key[i] for i in np.flatnonzero(stuck).tolist()]
         if len(silent):
             sthr = self._silence_thresholds()
@@ -820,27 +1116,29 @@ class HangDetector:
             for r in silent.tolist():
                 if r in self._quiet_cache[1]:
                     continue
-                waiting = ctx.waiting_on(r)
+                # waits in operations with a learned expectation only: how long an
+                # operation never seen before may take is unknown (its own threshold rules)
+                waiting = [w for w in ctx.waiting_on(r) if known[ctx.round_ops[w]].any()]
                 if not waiting:     # nobody waits on it: not worth asking again until the
                     self._quiet_cache[1].add(r)   # operations in flight change
                 if waiting:
                     # the silence that counts starts when a peer began waiting (a rank that
                     # resumes after a pause where nobody waited is not silent)
                     ref = max(int(self._rk_last[r]), min(ctx.round_t(w) for w in waiting))
-                    if now - ref > int(sthr[r]):
+                    if int(horizon[r]) - ref > int(sthr[r]):
                         ctx.silent_roots[r] = waiting
         return ctx.resolve(dict.fromkeys(triggers))
 
-    def _silent_ranks(self, now: int) -> np.ndarray:
-        """Ranks with no operation in flight and no record for longer than their silence
-        threshold (only worth following if someone waits on them)."""
+    def _silent_ranks(self, horizon: np.ndarray) -> np.ndarray:
+        """Ranks with no operation in flight and no record up to their horizon for longer
+        than their silence threshold (only worth following if someone waits on them)."""
         if not len(self._rk_last):
             return np.zeros(0, np.int64)
         busy = np.zeros(len(self._rk_last), dtype=bool)
         busy[self._fl["rank"]] = True
         roots = {r for h in self._hangs if not h.ended for r in h.roots}
         seen = self._rk_last != NO_TIME
-        quiet = seen & ~busy & (now - self._rk_last > self._silence_thresholds())
+        quiet = seen & ~busy & (horizon - self._rk_last > self._silence_thresholds())
         cand = np.flatnonzero(quiet)
         return np.array([r for r in cand.tolist() if r not in roots], dtype=np.int64)
 
@@ -886,7 +1184,7 @@ class HangDetector:
             return "pp_p2p"
         if kind == "dp":
             return "dp_sync"
-        if kind == "tp":
+        if kind in ("tp", "cp"):    # collectives inside forward/backward compute
             return "tp_collective"
         return "other"
 
@@ -901,8 +1199,9 @@ class _Context:
     """One detection pass: the wait graph over in-flight operations (CCL-D §4.2.2 decision
     tree, MEGATRACE §III-C partial graph), built lazily from the triggers."""
 
-    def __init__(self, det: HangDetector, now: int, thr: np.ndarray) -> None:
-        self.det, self.now, self.thr = det, now, thr
+    def __init__(self, det: HangDetector, now: int, thr: np.ndarray, horizon: np.ndarray
+                 ) -> None:
+        self.det, self.now, self.thr, self.horizon = det, now, thr, horizon
         fl = det._fl
         self.barrier = (fl["op"] == ALLREDUCE) & (fl["bytes"] <= det.config.barrier_bytes)
         self.round_key = det._round_keys()
@@ -945,6 +1244,14 @@ class _Context:
 
     def round_t(self, rnd: tuple[Any, ...]) -> int:
         return int(self.det._fl["t"][self.round_ops[rnd]].min())
+
+    def complete_t(self, rnd: tuple[Any, ...]) -> tuple[int, int]:
+        """When the last in-flight member entered the round (its transfer could start then:
+        a member that entered waits with no progress until all have, CCL-D §4.1), and that
+        member's operation."""
+        ops = self.round_ops[rnd]
+        i = ops[int(np.argmax(self.det._fl["t"][ops]))]
+        return int(self.det._fl["t"][i]), i
 
     def waiting_on(self, rank: int) -> list[tuple[Any, ...]]:
         """Rounds in flight, not barriers and not yet part of a hang, whose missing members
@@ -1011,15 +1318,25 @@ class _Context:
         return found
 
     def valid(self, term: tuple[Any, ...]) -> bool:
-        """Enough evidence for a root: an idle rank silent for at least the floor; an
-        all-entered round stuck by its own threshold."""
+        """Enough evidence for a root: an idle rank silent, up to its horizon (its records
+        may arrive late), for at least ``idle_floor_ns`` (a rank never seen: the job ran that
+        long); an all-entered round stuck by its own threshold."""
         det, fl = self.det, self.det._fl
+        floor = det.config.idle_floor_ns
         if term[0] == "idle":
-            last = int(det._rk_last[term[1]]) if term[1] < len(det._rk_last) else NO_TIME
-            return last == NO_TIME or self.now - last >= det.config.floor_ns
+            r = term[1]
+            last = int(det._rk_last[r]) if r < len(det._rk_last) else NO_TIME
+            if last == NO_TIME:
+                return det._first_t != NO_TIME and self.now - det._first_t >= floor
+            return int(self.horizon[r]) - last >= floor
         if term[0] == "group":
+            # stuck since every member entered (before, a late member was the holdup), for
+            # longer than the round's usual members take (a deviant's operation may be one
+            # never seen, with the ceiling as its threshold)
             ops = self.round_ops[term[1]]
-            return bool(np.any(self.now - fl["t"][ops] > self.thr[ops]))
+            t, _ = self.complete_t(term[1])
+            seen_up_to = int(self.horizon[fl["rank"][ops]].min())
+            return seen_up_to - t > int(self.thr[ops].min())
         return True
 
     # reports ------------------------------------------------------------------------------
@@ -1094,10 +1411,11 @@ class _Context:
             hp.update({"sender": rnd[2], "receiver": rnd[3], "pair_index": rnd[4]})
         return hp
 
-    def _pass(self, rnd: tuple[Any, ...]) -> dict[str, Any]:
+    def _pass(self, rnd: tuple[Any, ...], roots: list[int]) -> dict[str, Any]:
         """1F1B position of a pipeline send/recv: activations flow to higher pipeline ranks
         in the forward pass, gradients to lower ones in the backward pass (MEGATRACE
-        §III-B1); the k-th such transfer of a pair is micro-batch k mod microbatches."""
+        §III-B1); the k-th such transfer of a pair is micro-batch k mod microbatches; the
+        1F1B phase is that of the compute step next to the transfer on the root's stage."""
         det = self.det
         if rnd[0] != "p" or det.comm_kind(rnd[1]) != "pp":
             return {}
@@ -1106,13 +1424,20 @@ class _Context:
         if sender not in members or receiver not in members:
             return {}
         forward = members.index(sender) < members.index(receiver)
-        extra: dict[str, Any] = {"pass": "forward" if forward else "backward"}
+        pas = "forward" if forward else "backward"
+        extra: dict[str, Any] = {"pass": pas}
         m = det.meta
         row = det._cr.find(_cr_key(ci, np.array([sender])))[0]
         from_start = row >= 0 and bool(det._cr.cols["seq0"][row])
         if m.microbatches > 0 and m.schedule in ("1f1b", "gpipe") and from_start:
-            extra["microbatch"] = k % m.microbatches
+            mb = k % m.microbatches
+            extra["microbatch"] = mb
             extra["iteration_index"] = k // m.microbatches
+            who = next((r for r in roots if r in (sender, receiver)), sender)
+            phase = schedule_phase(m.schedule, members.index(who), len(members),
+                                   m.microbatches, pas, mb)
+            if phase is not None:
+                extra["schedule_phase"] = phase
         return extra
 
     def _anomaly(self, cause: str, ranks: list[int], rnd: tuple[Any, ...], start: int,
@@ -1120,10 +1445,128 @@ class _Context:
         det = self.det
         ci = rnd[1]
         op = int(det._fl["op"][self.round_ops[rnd][0]])
+        where = self._pass(rnd, ranks) if rnd[0] == "p" else self._position(rnd)
         return Anomaly(id="", kind="hang", cause=cause, ranks=ranks, link=link,
                        comm=det._comm_u64[ci], comm_kind=det.comm_kind(ci),
                        stage=det.stage(ci, op), start_ns=start, detected_ns=self.now,
-                       extra={"halt_point": self._halt_point(rnd), **self._pass(rnd), **extra})
+                       extra={"halt_point": self._halt_point(rnd), **where, **extra})
+
+    # placing a halt point in the pipeline schedule (MEGATRACE §III-C step 3) ----------------
+
+    def _pipeline(self, rank: int) -> tuple[int, int, int | None] | None:
+        """``(stage, stages, pipeline communicator)`` of a rank: its index in its pipeline
+        communicator (members in stage order); stage 0 of 1 without pipeline parallelism."""
+        det = self.det
+        for c in sorted(det._comms_of(rank)):
+            if det.comm_kind(c) == "pp":
+                members = det._members(c).tolist()
+                if rank in members:
+                    return members.index(rank), len(members), c
+        return (0, 1, None) if det.meta.pp <= 1 else None
+
+    def _locate(self, rank: int, rec: dict[str, np.ndarray], j: int, prog: list[Any],
+                stage: int, pp_ci: int | None) -> tuple[bool, int | None]:
+        """Is the rank's recent operation ``j`` a schedule boundary (a pipeline send/recv or a
+        data-parallel sync), and at which step of the stage program (None: unknown)?"""
+        det = self.det
+        ci, op = int(rec["comm"][j]), int(rec["op"][j])
+        m = det.meta
+        if pp_ci is not None and ci == pp_ci and op in (SEND, RECV):
+            row = det._cr.find(_cr_key(ci, np.array([rank])))[0]
+            if row < 0 or not det._cr.cols["seq0"][row]:
+                return True, None
+            send = op == SEND
+            peer = int(rec["peer"][j])
+            grad = peer < stage if send else peer > stage
+            want = (send, grad, int(rec["pidx"][j]) % m.microbatches)
+            for i, (kind, what) in enumerate(prog):
+                if kind == "P" and want in what:
+                    return True, i
+            return True, None
+        if op not in (SEND, RECV) and det.comm_kind(ci) == "dp":
+            name = events.COLL_OPS[op]
+            for i, (kind, what) in enumerate(prog):
+                if kind == "D" and what == name:
+                    return True, i
+            return True, None
+        return False, None
+
+    def _position(self, rnd: tuple[Any, ...]) -> dict[str, Any]:
+        """Pass, micro-batch and 1F1B phase of a collective inside forward or backward compute
+        (tensor or context parallel): an entered member's last operations, back from the
+        halt round to the last pipeline send/recv or data-parallel sync before it, place it
+        in the stage program (Megatron's schedule, rebuilt from ``meta``); when that gap holds
+        two compute steps (1F1B's forward and backward of the last stage, for instance), the
+        communicator's operations per compute step, counted between earlier boundaries,
+        tell which one."""
+        det = self.det
+        m = det.meta
+        if (rnd[0] != "c" or m.microbatches <= 0 or m.schedule not in ("1f1b", "gpipe")
+                or det.comm_kind(rnd[1]) in ("dp", "pp")):
+            return {}
+        for i in self.round_ops[rnd]:
+            q = int(det._fl["rank"][i])
+            found = self._place(q, rnd[1], rnd[2])
+            if found:
+                return found
+        return {}
+
+    def _place(self, rank: int, ci: int, seq: int) -> dict[str, Any]:
+        det = self.det
+        m = det.meta
+        pl = self._pipeline(rank)
+        if pl is None:
+            return {}
+        stage, stages, pp_ci = pl
+        prog = stage_program(m.schedule, stage, stages, m.microbatches)
+        rec = det.recent_ops(rank)
+        hit = np.flatnonzero((rec["comm"] == ci) & (rec["seq"] == seq))
+        if not len(hit):
+            return {}
+        h = int(hit[-1])
+        located = [(j, self._locate(rank, rec, j, prog, stage, pp_ci)) for j in range(h)]
+        bounds = [(j, pos) for j, (is_bound, pos) in located if is_bound]
+        if not bounds:
+            return {}
+        last_j, last_pos = bounds[-1]
+        if last_pos is None:
+            return {}
+        count = int(np.sum(rec["comm"][last_j + 1:h] == ci))
+        has_dp = any(det.comm_kind(c) == "dp" and not det._comm_p2p[c]
+                     for c in det._comms_of(rank))
+        steps = _compute_between(prog, last_pos, None, has_dp)
+        if not steps:
+            return {}
+        if len(steps) > 1:
+            per = self._per_step(rec, ci, prog, bounds, has_dp)
+            if per is None:
+                return {}
+            kind, mb = steps[min(count // per, len(steps) - 1)]
+        else:
+            kind, mb = steps[0]
+        pas = "forward" if kind == "F" else "backward"
+        out: dict[str, Any] = {"pass": pas, "microbatch": mb}
+        phase = schedule_phase(m.schedule, stage, stages, m.microbatches, pas, mb)
+        if phase is not None:
+            out["schedule_phase"] = phase
+        return out
+
+    @staticmethod
+    def _per_step(rec: dict[str, np.ndarray], ci: int, prog: list[Any],
+                  bounds: list[tuple[int, int | None]], has_dp: bool) -> int | None:
+        """Operations of the communicator per compute step, from complete gaps between two
+        consecutive located boundaries among the rank's recent operations."""
+        ops = steps = 0
+        for (j1, p1), (j2, p2) in zip(bounds, bounds[1:], strict=False):
+            if p1 is None or p2 is None or p2 == p1:
+                continue
+            n = len(_compute_between(prog, p1, p2, has_dp))
+            if n:
+                steps += n
+                ops += int(np.sum(rec["comm"][j1 + 1:j2] == ci))
+        if not steps or not ops:
+            return None
+        return max(1, round(ops / steps))
 
     def _report_not_entered(self, roots: list[int], rounds: set[tuple[Any, ...]]) -> Anomaly:
         """H1: the members that never entered the round are the root (CCL-D §4.2.2)."""
@@ -1161,11 +1604,14 @@ class _Context:
         a send or recv long before the root is due (pipeline ranks run ahead), so a
         point-to-point round counts only if a rank in lockstep with the root (a member of its
         TP, else CP, else DP group: same stage, same program) already passed the matching
-        operation on its own pipeline communicator. Collective rounds are reached by
+        operation on its own pipeline communicator. Likewise a data-parallel (or world)
+        round: its members are other model replicas, which may be an iteration ahead; it
+        counts only if a lockstep peer (TP, else CP group) entered the round of the same seq
+        on its own communicator of that kind. Rounds of the TP and CP groups are reached by
         definition: the members that entered are the root's lockstep peers."""
-        if rnd[0] == "c":
-            return True
         det = self.det
+        if rnd[0] == "c":
+            return self._collective_reached(rnd, roots)
         _, ci, sender, receiver, k = rnd
         r = sender if sender in roots else receiver
         other = receiver if r == sender else sender
@@ -1188,6 +1634,33 @@ class _Context:
             return False
         return True
 
+    def _lockstep_peers(self, rank: int, kinds: tuple[str, ...]) -> list[int]:
+        """Members of the rank's first group of ``kinds`` (same stage, same program)."""
+        det = self.det
+        mine = det._comms_of(rank)
+        for lock_kind in kinds:
+            lock = [c for c in mine if not det._comm_p2p[c] and det.comm_kind(c) == lock_kind]
+            if lock:
+                return [int(q) for q in det._members(lock[0]) if q >= 0 and q != rank]
+        return []
+
+    def _collective_reached(self, rnd: tuple[Any, ...], roots: list[int]) -> bool:
+        det = self.det
+        ci, seq = rnd[1], rnd[2]
+        kind = det.comm_kind(ci)
+        if kind in ("tp", "cp"):
+            return True
+        r = next((x for x in roots if x in det._members(ci)), roots[0])
+        peers = self._lockstep_peers(r, ("tp", "cp"))
+        if not peers:
+            return True
+        for q in peers:
+            for cq in det._comms_of(q):
+                if (not det._comm_p2p[cq] and det.comm_kind(cq) == kind
+                        and int(det._last_seq(cq, np.array([q]))[0]) >= seq):
+                    return True
+        return False
+
     def _report_cycle(self, ranks: list[int], rounds: set[tuple[Any, ...]]) -> Anomaly:
         halt = min(rounds, key=self.round_t)
         a = self._anomaly("inconsistent", ranks, halt, self.round_t(halt), None,
@@ -1207,7 +1680,7 @@ class _Context:
         if (cause == "hardware" and link is None and grnd[0] == "c"
                 and self._link_pending(grnd[1], ops, roots)):
             return None
-        a = self._anomaly(cause, roots, grnd, self.round_t(grnd), link,
+        a = self._anomaly(cause, roots, grnd, self.complete_t(grnd)[0], link,
                           {**extra, **self._victims(rounds | {grnd}, roots)})
         h = det.new_hang(a, [], list(grnd))
         self._mark(rounds | {grnd}, h)
@@ -1239,7 +1712,7 @@ class _Context:
             sig = {m: (0, int(fl["bytes"][stuck[m]])) for m in members if m in stuck}
             done = [m for m in members if m not in stuck]
         if len(set(sig.values())) > 1:
-            deviating = self._minority(ci, sig) if grnd[0] == "c" else sorted(sig)
+            deviating = self._minority(ci, grnd[2], sig) if grnd[0] == "c" else sorted(sig)
             seen = {str(m): {"op": events.COLL_OPS[o] if grnd[0] == "c" else None, "bytes": b}
                     for m, (o, b) in sig.items() if m in deviating}
             return "inconsistent", deviating, None, {"deviating": seen}
@@ -1286,14 +1759,84 @@ class _Context:
                 return True
         return False
 
-    def _minority(self, ci: int, sig: dict[int, tuple[int, int]]) -> list[int]:
+    def _minority(self, ci: int, seq: int, sig: dict[int, tuple[int, int]]) -> list[int]:
         """The deviating ranks: those whose (op, bytes) is not the most common one in the
-        round (CCL-D §2.2 H2); on a tie, the side whose signature is rarer in this
-        communicator's completed history."""
+        round (CCL-D §2.2 H2). On a tie (two members, say), the signature the same round had
+        on the sibling communicators (same kind and size, same pipeline stage: the same
+        program, so the same operation at the same seq), else the one the members called one
+        iteration earlier on this communicator, else the one more common in this
+        communicator's completed history, is the expected one."""
         book = self.det._signatures
         counts = Counter(sig.values())
-        keep = max(counts, key=lambda s: (counts[s], book.get((ci, s[0], s[1]), 0), -s[0], -s[1]))
+        top = max(counts.values())
+        sibling = None
+        if list(counts.values()).count(top) > 1:
+            sibling = self._sibling_signature(ci, seq) or self._period_signature(ci, seq,
+                                                                                  list(sig))
+        keep = max(counts, key=lambda s: (counts[s], s == sibling,
+                                          book.get((ci, s[0], s[1]), 0), -s[0], -s[1]))
         return sorted(m for m, s in sig.items() if s != keep)
+
+    def _period_signature(self, ci: int, seq: int, ranks: list[int]) -> tuple[int, int] | None:
+        """The (op, bytes) of round ``seq - N`` on the communicator, N its rounds per
+        iteration: counted among a member's recent operations between two passes through
+        the same step of its stage program (the schedule repeats every iteration)."""
+        det = self.det
+        m = det.meta
+        if m.microbatches <= 0 or m.schedule not in ("1f1b", "gpipe"):
+            return None
+        for q in ranks:
+            pl = self._pipeline(q)
+            if pl is None:
+                continue
+            stage, stages, pp_ci = pl
+            prog = stage_program(m.schedule, stage, stages, m.microbatches)
+            rec = det.recent_ops(q)
+            seen: dict[int, int] = {}
+            prev = None
+            for j in range(len(rec["t"])):
+                is_bound, pos = self._locate(q, rec, j, prog, stage, pp_ci)
+                if not is_bound or pos is None or pos == prev:
+                    continue
+                prev = pos
+                if pos in seen:
+                    n = int(np.sum(rec["comm"][seen[pos]:j] == ci))
+                    hit = np.flatnonzero((rec["comm"] == ci) & (rec["seq"] == seq - n))
+                    if n and len(hit):
+                        return int(rec["op"][hit[-1]]), int(rec["bytes"][hit[-1]])
+                seen[pos] = j
+        return None
+
+    def _sibling_signature(self, ci: int, seq: int, limit: int = 16
+                           ) -> tuple[int, int] | None:
+        """The (op, bytes) most members of sibling communicators called at round ``seq``
+        (from their recent operations)."""
+        det = self.det
+        kind, size = det.comm_kind(ci), det._comm_size[ci]
+        members = [int(m) for m in det._members(ci) if m >= 0]
+        if not members:
+            return None
+        here = self._pipeline(members[0])
+        votes: Counter[tuple[int, int]] = Counter()
+        looked = 0
+        for c2 in range(len(det._comm_u64)):
+            if (c2 == ci or det._comm_p2p[c2] or det._comm_size[c2] != size
+                    or det.comm_kind(c2) != kind):
+                continue
+            others = [int(m) for m in det._members(c2) if m >= 0]
+            if not others:
+                continue
+            there = self._pipeline(others[0])
+            if here is not None and there is not None and there[0] != here[0]:
+                continue
+            rec = det.recent_ops(others[0])
+            hit = np.flatnonzero((rec["comm"] == c2) & (rec["seq"] == seq))
+            if len(hit):
+                votes[(int(rec["op"][hit[-1]]), int(rec["bytes"][hit[-1]]))] += 1
+            looked += 1
+            if looked >= limit:
+                break
+        return votes.most_common(1)[0][0] if votes else None
 
     def _link_pending(self, ci: int, ops: list[int], roots: list[int]) -> bool:
         """Could a broken network link still show? Only if the root has a communicator
@@ -1321,7 +1864,8 @@ class _Context:
         if not flowing:
             return False
         cfg = det.config
-        stuck_at = int(np.min(fl["t"][ops] + self.thr[ops]))
+        t, _ = self.complete_t(self.round_key[ops[0]])
+        stuck_at = t + int(self.thr[ops].min())
         wait = min(cfg.link_wait_ns, cfg.link_stall_ns + 3 * max(det._link_period, 0))
         return self.now < stuck_at + wait
 
@@ -1483,4 +2027,5 @@ def _bench_hang(args: Any) -> dict[str, Any]:
 
 BENCHMARKS = {"hang": _bench_hang}
 
-__all__ = ["BENCHMARKS", "HangConfig", "HangDetector", "replay_with_ticks"]
+__all__ = ["BENCHMARKS", "HangConfig", "HangDetector", "replay_with_ticks", "schedule_phase",
+           "stage_program"]

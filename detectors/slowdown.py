@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from failslow import events, results
 from failslow.detectors.base import EventBatch
-from failslow.detectors.changepoints import ChangeConfig, ChangeTracker
+from failslow.detectors.changepoints import Change, ChangeConfig, ChangeTracker
 from failslow.diagnosis import Anomaly
 from failslow.events import NULL_TIME, Comm, JobMeta
 
@@ -565,13 +565,19 @@ def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.
 # localization helpers
 
 
-def ccld_ratios(t_base: float, dmax: np.ndarray, dmin: np.ndarray
+def ccld_ratios(t_base: float, dmax: np.ndarray, dmin: np.ndarray, skew_base: float = 0.0
                 ) -> tuple[float | None, float | None]:
     """CCL-D §4.2: over the rounds of a window (their longest and shortest member
     durations), take the round with the largest range ``T_max(r) - T_min(r)`` (Eq. 2);
     ``R = (T_max - T_base) / T_base`` (Eq. 3) and ``P = (T_max - T_min) / (T_max - T_base)``
     (Eq. 4, clipped to [0, 1]; None when ``T_max <= T_base``). P > beta (0.6) points at
-    computation (the last rank to enter), P < alpha (0.4) at communication."""
+    computation (the last rank to enter), P < alpha (0.4) at communication.
+
+    ``skew_base``: the range ``T_max - T_min`` of the class's healthy rounds (the rounds that
+    made ``T_base``). CCL-D's collectives start nearly together when healthy, so their range
+    is ~0 and Eq. 4 is used as is; where healthy rounds already have a range (a pipeline's
+    receive is posted long before its send arrives), only the range beyond the healthy one
+    is the late arrival's share: ``P = (T_max - T_min - skew_base) / (T_max - T_base)``."""
     if len(dmax) == 0 or t_base <= 0:
         return None, None
     j = int(np.argmax(np.asarray(dmax, dtype=np.float64) - np.asarray(dmin, dtype=np.float64)))
@@ -579,7 +585,8 @@ def ccld_ratios(t_base: float, dmax: np.ndarray, dmin: np.ndarray
     r_val = (t_max - t_base) / t_base
     p_val = None
     if t_max > t_base:
-        p_val = round(min(max((t_max - t_min) / (t_max - t_base), 0.0), 1.0), 4)
+        share = (t_max - t_min - max(skew_base, 0.0)) / (t_max - t_base)
+        p_val = round(min(max(share, 0.0), 1.0), 4)
     return round(r_val, 4), p_val
 
 
@@ -595,29 +602,304 @@ def cause_from_p(p: float | None, alpha: float = 0.4, beta: float = 0.6) -> str 
     return "mixed"
 
 
+class CCLDMonitor:
+    """CCL-D §4.2.1 slow detection per round class (communicator, op, bytes).
+
+    * ``T_base``: the configured initial value (``t_base_init_ns``) until ``m`` rounds were
+      seen, then the mean ``T_max`` of the first ``m = min(baseline_rounds, rounds in the
+      first baseline_seconds)`` rounds (Eq. 1); the mean range ``T_max - T_min`` of the same
+      rounds is kept too (the healthy skew, see :func:`ccld_ratios`).
+    * Detection windows of ``window_s`` (one minute by default): in each, the round with the
+      largest range gives ``R`` (Eqs. 2-3). A window is slow when ``R`` exceeds ``theta``,
+      set from the observed distribution of the class's own past windows (median plus
+      ``theta_k`` robust deviations, at least ``theta_min``; CCL-D's practical value 3
+      until ``theta_windows`` windows were seen). An alarm is raised when ``repeat``
+      consecutive windows are slow, so one-off jitter is not reported.
+
+    The alarms are evidence for the fused diagnosis (they do not open anomalies: a slow
+    anomaly is a slower job, diagnosis.md); ``T_base`` and the healthy skew give R and P.
+    """
+
+    def __init__(self, config: SlowdownConfig) -> None:
+        self.config = config
+        self.keys: dict[int, int] = {}  # class key -> dense index
+        self.n = np.zeros(0)  # rounds in the baseline so far
+        self.sum_max = np.zeros(0)
+        self.sum_range = np.zeros(0)
+        self.first_t = np.zeros(0, dtype=np.int64)
+        self.frozen = np.zeros(0, dtype=bool)
+        self.windows = BinTable(("key",), ("n",), arg="range", carried=("tmax", "tmin"))
+        self.closed = -1  # last closed window index
+        self.hist: dict[int, list[float]] = {}
+        self.run: dict[int, int] = {}
+        self.alarms: list[dict[str, Any]] = []
+
+    def _dense(self, keys: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(keys, return_inverse=True)
+        idx = np.empty(len(uniq), dtype=np.int64)
+        grow = 0
+        for j, k in enumerate(uniq.tolist()):
+            d = self.keys.get(k)
+            if d is None:
+                d = self.keys[k] = len(self.keys)
+                grow += 1
+            idx[j] = d
+        if grow:
+            self.n = np.concatenate([self.n, np.zeros(grow)])
+            self.sum_max = np.concatenate([self.sum_max, np.zeros(grow)])
+            self.sum_range = np.concatenate([self.sum_range, np.zeros(grow)])
+            self.first_t = np.concatenate([self.first_t, np.zeros(grow, dtype=np.int64)])
+            self.frozen = np.concatenate([self.frozen, np.zeros(grow, dtype=bool)])
+        return idx[inv.reshape(-1)]
+
+    def update(self, key: np.ndarray, t_end: np.ndarray, dmax: np.ndarray, dmin: np.ndarray
+               ) -> None:
+        """Account completed rounds (arrays per round, any order)."""
+        c = self.config
+        if len(key) == 0:
+            return
+        d = self._dense(key)
+        order = np.lexsort((t_end, d))
+        d, te = d[order], t_end[order]
+        mx, mn = dmax[order].astype(np.float64), dmin[order].astype(np.float64)
+        starts = _group_starts(d)
+        sizes = np.diff(np.append(starts, len(d)))
+        first = np.repeat(np.arange(len(starts)), sizes)
+        ud = d[starts]
+        new = self.n[ud] == 0
+        self.first_t[ud[new]] = te[starts[new]]
+        within = np.arange(len(d)) - np.repeat(starts, sizes)
+        take = ((self.n[d] + within < c.baseline_rounds) & ~self.frozen[d]
+                & (te <= self.first_t[d] + int(c.baseline_seconds * 1e9)))
+        np.add.at(self.n, d[take], 1.0)
+        np.add.at(self.sum_max, d[take], mx[take])
+        np.add.at(self.sum_range, d[take], mx[take] - mn[take])
+        # a class whose rounds run past its first two minutes is frozen (Eq. 1)
+        late = np.zeros(len(ud), dtype=bool)
+        np.logical_or.at(late, first, te > self.first_t[d] + int(c.baseline_seconds * 1e9))
+        self.frozen[ud[late]] = True
+        w = te // int(c.ccld_window_s * 1e9)
+        self.windows.add({"bin": w, "key": d, "n": np.ones(len(d)), "range": mx - mn,
+                          "tmax": mx, "tmin": mn})
+
+    def base(self, key: int) -> tuple[float | None, float]:
+        """``(T_base, healthy range)`` of a class (None before ``m`` rounds unless an initial
+        value is configured)."""
+        d = self.keys.get(key)
+        init = self.config.t_base_init_ns
+        if d is None or self.n[d] == 0:
+            return (float(init) if init else None), 0.0
+        if self.n[d] < self.config.baseline_rounds and not self.frozen[d] and init:
+            return float(init), 0.0
+        return float(self.sum_max[d] / self.n[d]), float(self.sum_range[d] / self.n[d])
+
+    def close(self, now_ns: int) -> list[dict[str, Any]]:
+        """Close the detection windows that ended before ``now_ns``; return new alarms."""
+        c = self.config
+        w_ns = int(c.ccld_window_s * 1e9)
+        last = now_ns // w_ns - 1
+        if last <= self.closed or len(self.windows) == 0:
+            return []
+        rows = self.windows.query(self.closed + 1, last + 1, ("bin", "key"))
+        self.windows.prune(last + 1)
+        self.closed = last
+        inv = {v: k for k, v in self.keys.items()}
+        out = []
+        for b, d, tmax, tmin in zip(rows["bin"].tolist(), rows["key"].tolist(),
+                                    rows["tmax"].tolist(), rows["tmin"].tolist(), strict=True):
+            t_base, skew = self.base(inv[d])
+            if not t_base:
+                continue
+            r_val, p_val = ccld_ratios(t_base, np.array([tmax]), np.array([tmin]), skew)
+            if r_val is None:
+                continue
+            hist = self.hist.setdefault(d, [])
+            if len(hist) >= c.theta_windows:
+                h = np.array(hist)
+                med = float(np.median(h))
+                theta = max(c.theta_min, med + c.theta_k * 1.4826
+                            * float(np.median(np.abs(h - med))))
+            else:
+                theta = c.theta_default
+            if r_val > theta:
+                self.run[d] = self.run.get(d, 0) + 1
+                if self.run[d] == c.ccld_repeat:
+                    out.append({"key": inv[d], "window": int(b), "R": r_val, "P": p_val,
+                                "theta": round(theta, 4), "t_ns": int((b + 1) * w_ns)})
+            else:
+                self.run[d] = 0
+                hist.append(r_val)
+                del hist[:-256]
+        self.alarms.extend(out)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"keys": [[k, v] for k, v in self.keys.items()], "n": self.n.tolist(),
+                "sum_max": self.sum_max.tolist(), "sum_range": self.sum_range.tolist(),
+                "first_t": self.first_t.tolist(), "frozen": self.frozen.tolist(),
+                "windows": self.windows.snapshot(), "closed": self.closed,
+                "hist": [[k, v] for k, v in self.hist.items()],
+                "run": [[k, v] for k, v in self.run.items()], "alarms": self.alarms}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.keys = {int(k): int(v) for k, v in state["keys"]}
+        self.n = np.array(state["n"], dtype=np.float64)
+        self.sum_max = np.array(state["sum_max"], dtype=np.float64)
+        self.sum_range = np.array(state["sum_range"], dtype=np.float64)
+        self.first_t = np.array(state["first_t"], dtype=np.int64)
+        self.frozen = np.array(state["frozen"], dtype=bool)
+        self.windows.restore(state["windows"])
+        self.closed = int(state["closed"])
+        self.hist = {int(k): [float(x) for x in v] for k, v in state["hist"]}
+        self.run = {int(k): int(v) for k, v in state["run"]}
+        self.alarms = list(state["alarms"])
 
 
-@dataclass
-class _Window:
-    """An anomaly window and its baseline window, in bins, with their lengths (ns) and the
-    fraction of wall time the slow-down costs (``lost = 1 - baseline / slow``)."""
-
-    lo: int
-    hi: int
-    b_lo: int
-    b_hi: int
-    win_ns: float
-    base_ns: float
-    lost: float
+# ---------------------------------------------------------------------------------------------
+# per-rank compute, RDMA queue pairs, GPU samples
 
 
-def _first_above(bins: np.ndarray, values: np.ndarray, b_lo: int, b_hi: int, lo: int,
-                 hi: int) -> int | None:
-    """The first bin in ``[lo, hi)`` whose value exceeds every bin of ``[b_lo, b_hi)``."""
-    base = values[(bins >= b_lo) & (bins < b_hi)]
-    limit = float(base.max()) if len(base) else 0.0
-    sel = (bins >= lo) & (bins < hi) & (values > limit)
-    return int(bins[sel].min()) if sel.any() else None
+class GapTracker:
+    """Compute time per rank from the gaps between its communication operations (events.md
+    ``span``: "derives compute spans from the gaps between communication operations on a
+    rank"): the gap before an ``enter`` is its time minus the latest ``end`` of the same
+    rank before it (0 when an operation was still running: batched point-to-point calls).
+    Waiting for peers happens inside an operation's duration, so a rank's gaps grow when
+    *it* computes slowly, not when it waits on a slow peer (MEGATRACE §III-B: the timing of
+    communication calls is a robust indicator of the computational state)."""
+
+    def __init__(self) -> None:
+        self.last_end = np.zeros(0, dtype=np.int64)
+
+    def update(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of one batch -> (rank, enter time, gap ns) of the enters with a known end
+        before them."""
+        if len(rank) == 0:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z
+        top = int(rank.max()) + 1
+        if top > len(self.last_end):
+            self.last_end = np.concatenate([self.last_end, np.full(
+                top - len(self.last_end), NULL_TIME, dtype=np.int64)])
+        order = np.lexsort((is_enter, t, rank))  # ends before enters at equal times
+        r, tt, en = rank[order], t[order], is_enter[order]
+        n = len(r)
+        pos = np.where(~en, np.arange(n), -1)
+        last = np.maximum.accumulate(pos)
+        same = (last >= 0) & (r[np.maximum(last, 0)] == r)
+        prev = np.where(same, tt[np.maximum(last, 0)], self.last_end[r])
+        sel = en & (prev != NULL_TIME)
+        gap = np.maximum(tt[sel] - prev[sel], 0)
+        ends = ~en
+        if ends.any():
+            er, et = r[ends], tt[ends]
+            # per rank the latest end of the batch (rows are sorted by rank, then time)
+            lastpos = np.flatnonzero(np.append(er[1:] != er[:-1], True))
+            self.last_end[er[lastpos]] = np.maximum(self.last_end[er[lastpos]], et[lastpos])
+        return r[sel], tt[sel], gap
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"last_end": self.last_end.tolist()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.last_end = np.array(state["last_end"], dtype=np.int64)
+
+
+class LinkTracker:
+    """RDMA work-request telemetry (``link`` rows, MEGATRACE §III-B): per queue pair the
+    work requests completed, the bytes and the in-flight count (``posted - completed``)
+    between consecutive samples. A link is judged by the mean time a work request spends in
+    flight, ``W = sum(in_flight x dt) / completed`` (Little's law over the sampled window):
+    it grows when bandwidth falls *while* work is queued, and stays flat on an idle queue
+    (VCCL's rule: bandwidth alone misfires on idle queues)."""
+
+    def __init__(self, meta: JobMeta) -> None:
+        self.meta = meta
+        self.index: dict[str, int] = {}
+        self.node_names: list[str] = []
+        self.node_ids: dict[str, int] = {}
+        self.qp_node = np.zeros(0, dtype=np.int64)
+        self.qp_peer = np.zeros(0, dtype=np.int64)
+        self.qp_rank = np.zeros(0, dtype=np.int64)
+        self.last = np.zeros((0, 4), dtype=np.int64)  # t, posted, completed, bytes
+
+    def _node(self, name: str) -> int:
+        i = self.node_ids.get(name)
+        if i is None:
+            i = self.node_ids[name] = len(self.node_names)
+            self.node_names.append(name)
+        return i
+
+    def update(self, link: pa.Table) -> dict[str, np.ndarray] | None:
+        """Rows of one batch -> bin columns (``bin`` left to the caller: the sample time)."""
+        if link.num_rows == 0:
+            return None
+        rank_col = pc.fill_null(link.column("rank"), -1)
+        peer = pc.fill_null(link.column("peer_node"), "")
+        key = pc.binary_join_element_wise(link.column("node"), link.column("device"), peer,
+                                          pc.cast(rank_col, pa.string()), "\x1f")
+        enc = pc.dictionary_encode(key).combine_chunks()
+        words = enc.dictionary.to_pylist()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        ids = np.empty(len(words), dtype=np.int64)
+        fresh = []
+        for j, w in enumerate(words):
+            q = self.index.get(w)
+            if q is None:
+                q = self.index[w] = len(self.index)
+                node, _, peer_node, rnk = w.split("\x1f")
+                fresh.append((self._node(node), self._node(peer_node) if peer_node else -1,
+                              int(rnk)))
+            ids[j] = q
+        if fresh:
+            arr = np.array(fresh, dtype=np.int64).reshape(-1, 3)
+            self.qp_node = np.concatenate([self.qp_node, arr[:, 0]])
+            self.qp_peer = np.concatenate([self.qp_peer, arr[:, 1]])
+            self.qp_rank = np.concatenate([self.qp_rank, arr[:, 2]])
+            self.last = np.concatenate([self.last, np.full((len(arr), 4), NULL_TIME,
+                                                           dtype=np.int64)])
+        qp = ids[codes]
+        t = link.column("t").to_numpy()
+        vals = np.stack([t, link.column("posted").to_numpy().astype(np.int64),
+                         link.column("completed").to_numpy().astype(np.int64),
+                         link.column("bytes").to_numpy().astype(np.int64)], axis=1)
+        order = np.lexsort((t, qp))
+        qp, vals = qp[order], vals[order]
+        starts = _group_starts(qp)
+        prev = np.empty_like(vals)
+        prev[1:] = vals[:-1]
+        prev[starts] = self.last[qp[starts]]
+        ends = np.append(starts[1:] - 1, len(qp) - 1)
+        self.last[qp[ends]] = vals[ends]
+        ok = (prev[:, 0] != NULL_TIME) & (vals[:, 0] > prev[:, 0])
+        if not ok.any():
+            return None
+        dt = (vals[ok, 0] - prev[ok, 0]).astype(np.float64)
+        inflight = 0.5 * ((vals[ok, 1] - vals[ok, 2]) + (prev[ok, 1] - prev[ok, 2]))
+        return {"t": vals[ok, 0], "qp": qp[ok], "dc": (vals[ok, 2] - prev[ok, 2]).astype(
+            np.float64), "lt": np.maximum(inflight, 0.0) * dt,
+            "db": (vals[ok, 3] - prev[ok, 3]).astype(np.float64), "dt": dt}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"index": [[k, v] for k, v in self.index.items()],
+                "node_names": list(self.node_names), "qp_node": self.qp_node.tolist(),
+                "qp_peer": self.qp_peer.tolist(), "qp_rank": self.qp_rank.tolist(),
+                "last": self.last.tolist()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.index = {str(k): int(v) for k, v in state["index"]}
+        self.node_names = [str(x) for x in state["node_names"]]
+        self.node_ids = {n: i for i, n in enumerate(self.node_names)}
+        self.qp_node = np.array(state["qp_node"], dtype=np.int64)
+        self.qp_peer = np.array(state["qp_peer"], dtype=np.int64)
+        self.qp_rank = np.array(state["qp_rank"], dtype=np.int64)
+        self.last = np.array(state["last"], dtype=np.int64).reshape(-1, 4)
+
+
+#: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap, HW
+#: slowdown, SW / HW thermal slowdown, HW power brake.
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 class _WaitGraph:
@@ -726,42 +1008,106 @@ class SlowdownConfig:
     """Settings of :class:`SlowdownDetector`."""
 
     change: ChangeConfig = field(default_factory=ChangeConfig)
-    baseline_rounds: int = 100  # CCL-D T_base: mean T_max of the first m rounds ...
+    # CCL-D §4.2.1
+    baseline_rounds: int = 100  # T_base: mean T_max of the first m rounds ...
     baseline_seconds: float = 120.0  # ... m = min(100, rounds in the first two minutes)
-    transfer_threshold: float = 0.10  # a group's transfer time vs its own baseline
-    group_threshold: float = 0.10  # Greyhound §4.3: exceeds the cluster median by 10%
+    t_base_init_ns: float | None = None  # configured initial T_base (None: learn it)
+    ccld_window_s: float = 60.0  # detection window
+    ccld_repeat: int = 2  # consecutive slow windows before an alarm
+    theta_default: float = 3.0  # CCL-D's practical threshold until the distribution is known
+    theta_min: float = 1.0
+    theta_k: float = 6.0  # robust deviations above the median of the class's own windows
+    theta_windows: int = 5  # windows needed to set theta from the distribution
     alpha: float = 0.4  # CCL-D: P < alpha is communication
     beta: float = 0.6  # CCL-D: P > beta is computation
+    # Greyhound §4.3 cross-group comparison and link localization
+    transfer_threshold: float = 0.10  # a group's transfer time vs its own baseline
+    group_threshold: float = 0.10  # ... and vs the median of its comparable cluster
+    link_threshold: float = 0.30  # a queue pair's in-flight time per work request grew by
+    link_min_wrs: int = 64  # MEGATRACE's window: work requests needed in each window
+    # localization
     baseline_iterations: int = 8  # the window before the onset used as baseline
-    history_iterations: int = 48  # statistics kept (iterations)
-    wait_share: float = 0.3  # a rank waits significantly: excess wait >= share x lost time
+    history_iterations: int = 64  # statistics kept (iterations)
+    compute_share: float = 0.3  # a rank computes slowly: its extra compute per iteration is
+    #                             at least this share of the time lost per iteration ...
+    compute_top: float = 0.5  # ... and at least this share of the largest such excess
+    max_roots: int = 8  # more ranks than this computing slower is no rank-level fault
+    waited_share: float = 0.05  # a compute root is waited on more: >= share x lost time
+    wait_share: float = 0.3  # wait graph: excess wait >= share x lost time
     comm_share: float = 0.15  # a slow group matters: extra transfer >= share x lost time
-    root_asym: float = 0.8  # a sink is a root when its peers wait on it more than it
-    #                         waits on them by >= root_asym x lost time (or it is the top)
-    mixed_share: float = 0.6  # a root on a slow link also computes slowly: peers on slow
-    #                           links too wait on it >= share x lost time
-    localize_retries: int = 3  # iterations to wait for a confident localization ...
-    min_window_iterations: float = 1.5  # ... over a window at least this long
+    root_asym: float = 0.8  # wait graph: peers wait on a root more than it waits on them
+    mixed_share: float = 0.6  # a root on a slow link also computes slowly (wait graph)
+    localize_retries: int = 6  # iterations to wait for a persistent root before dropping
+    min_window_iterations: float = 1.0  # the anomaly window before a localization counts
+    consistency: float = 0.6  # share of the slow iterations whose own root must agree
     bin_shift: int = 24  # initial bin width 2^24 ns (17 ms); coarsened to ~1/8 iteration
     max_pending_age_s: float = 600.0  # incomplete rounds older than this are dropped
 
 
 @dataclass
+class _Window:
+    """An anomaly window and its reference window (bins ``[lo, hi)`` and ``[b_lo, b_hi)``),
+    their lengths (ns), the iteration times in each, and the fraction of wall time the
+    slow-down costs (``lost = 1 - ref_iter / iter``)."""
+
+    lo: int
+    hi: int
+    b_lo: int
+    b_hi: int
+    win_ns: float
+    base_ns: float
+    iter_ns: float
+    ref_iter_ns: float
+
+    @property
+    def lost(self) -> float:
+        return max(1.0 - self.ref_iter_ns / max(self.iter_ns, 1.0), 1e-3)
+
+    @property
+    def iterations(self) -> float:
+        return max(self.win_ns / max(self.iter_ns, 1.0), 1e-3)
+
+    @property
+    def ref_iterations(self) -> float:
+        return max(self.base_ns / max(self.ref_iter_ns, 1.0), 1e-3)
+
+
+def _first_above(bins: np.ndarray, values: np.ndarray, b_lo: int, b_hi: int, lo: int,
+                 hi: int) -> int | None:
+    """The first bin in ``[lo, hi)`` whose value exceeds every bin of ``[b_lo, b_hi)``."""
+    base = values[(bins >= b_lo) & (bins < b_hi)]
+    limit = float(base.max()) if len(base) else 0.0
+    sel = (bins >= lo) & (bins < hi) & (values > limit)
+    return int(bins[sel].min()) if sel.any() else None
+
+
+@dataclass
 class _Open:
-    """An anomaly being tracked (internal)."""
+    """A slow level of the change tracker and the anomaly it may become (internal).
+    ``state``: ``pending`` (not yet localized with confidence), ``open`` (reported)."""
 
     anomaly: dict[str, Any]
     onset_pos: int
-    baseline_ns: float
-    reported: bool = False
+    ref_lo_ns: int  # reference window: [ref_lo_ns, start of the onset iteration)
+    ref_iter_ns: float  # iteration time of the level below
+    healthy_ns: float  # the job's healthy iteration time
+    state: str = "pending"
     tries: int = 0
+    signature: list[Any] = field(default_factory=list)
+    seg_before: int = 0  # the change tracker's healthy segment start before this onset
+    per_iter: list[Any] = field(default_factory=list)  # per slow iteration: its signature
+    first: int = 0  # the first slow iteration (from the onset) of the persistent root
 
 
 class SlowdownDetector:
     """Slow-downs of a job and their root cause (module docstring). Detector protocol:
     ``update(batch)`` / ``on_tick(now_ns)`` return anomaly reports, once when an anomaly
     opens and once when it closes (same ``id``); ``last_rounds`` holds the ``rounds`` rows
-    of the latest batch; ``snapshot()`` / ``restore()`` carry the whole state as JSON."""
+    of the latest batch; ``snapshot()`` / ``restore()`` carry the whole state as JSON.
+
+    Every decision is taken when a job iteration completes, on the data before that
+    iteration's end (whole time bins): the diagnosis does not depend on how the records
+    were cut into batches, and ``detected_ns`` is the trace time of the evidence."""
 
     def __init__(self, meta: JobMeta, config: SlowdownConfig | None = None,
                  tracker: Any | None = None) -> None:
@@ -773,23 +1119,30 @@ class SlowdownDetector:
         self.tracker = tracker if tracker is not None else IterationTracker(meta)
         self.registry = CommRegistry(meta)
         self.joiner = RoundJoiner(self.registry, int(self.config.max_pending_age_s * 1e9))
+        self.gaps = GapTracker()
+        self.links = LinkTracker(meta)
+        self.ccld = CCLDMonitor(self.config)
         self.shift = self.config.bin_shift
         self.out_w = BinTable(("rank", "cidx"), ("w",))
         self.in_w = BinTable(("cidx", "waitee"), ("w", "n"))
         self.grp = BinTable(("cidx", "group", "cls"), ("n", "xfer", "dmax", "dmin"),
                             arg="range", carried=("rdmax", "rdmin"))
+        self.comp = BinTable(("rank",), ("d",))
+        self.qp = BinTable(("qp",), ("dc", "lt", "db"))
+        self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
         # framework spans, when a source has them: compute time per rank and pass
         self.spans = BinTable(("rank", "op"), ("d", "n"))
         self.classes: dict[tuple[int, int], int] = {}  # (op, bytes) -> class index
-        self.tbase: dict[str, list[float]] = {}  # "kind/cls" -> [n, sum T_max, first t]
+        self.group_ids: dict[int, int] = {-1: 0}  # point-to-point pair -> small id
         self.change = ChangeTracker(self.config.change)
         self.iters: list[list[int]] = []  # pushed job iterations: [idx, t_start, duration]
         self.iter_offset = 0  # position of iters[0] in the change tracker's stream
         self.base_iter_ns = 0.0
         self.first_iter_t = 0
+        self.horizon = 0  # end of the latest job iteration: decisions use data before it
         self.max_t = 0
         self.next_id = 0
-        self.open: _Open | None = None
+        self.levels: list[_Open] = []  # aligned with the change tracker's slow levels
         self.evidence: dict[str, Any] = {}  # the latest localization's evidence (debugging)
         self.last_rounds: pa.Table = results.empty("rounds")
         self.last_iterations: pa.Table = results.empty("iterations")
@@ -805,9 +1158,12 @@ class SlowdownDetector:
             if len(rounds):
                 self._account(rounds)
                 self.last_rounds = rounds_table(self.meta.job, rounds)
-        span = batch.get("span")
-        if span is not None and span.num_rows:
-            self._account_spans(span)
+            self._account_gaps(coll)
+        for kind, fn in (("span", self._account_spans), ("link", self._account_links),
+                         ("gpu", self._account_gpu)):
+            table = batch.get(kind)
+            if table is not None and table.num_rows:
+                fn(table)
         if self._own_tracker:
             iterations = self.tracker.update(batch)
             self.last_iterations = iterations
@@ -842,7 +1198,45 @@ class SlowdownDetector:
                         "w": r.m_wait[wait]})
         self.in_w.add({"bin": mbin[wait], "cidx": mcidx[wait], "waitee": waitee[wait],
                        "w": r.m_wait[wait], "n": np.ones(int(wait.sum()))})
-        self._tbase(r, cls)
+        self.ccld.update(self._ccld_key(r.cidx, r.group, cls), r.t_end, r.dmax, r.dmin)
+
+    def _ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """One int64 per round class: communicator, point-to-point pair (0 for a
+        collective) and (op, bytes) class."""
+        uniq, inv = np.unique(np.asarray(group, dtype=np.int64), return_inverse=True)
+        gid = np.empty(len(uniq), dtype=np.int64)
+        for j, g in enumerate(uniq.tolist()):
+            gid[j] = self.group_ids.setdefault(int(g), len(self.group_ids))
+        return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid[inv.reshape(-1)] << 20)
+                | np.asarray(cls, dtype=np.int64))
+
+    def _account_gaps(self, coll: pa.Table) -> None:
+        rank = coll.column("rank").to_numpy().astype(np.int64)
+        t = coll.column("t").to_numpy()
+        is_enter = pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False)
+        r, te, gap = self.gaps.update(rank, t, is_enter)
+        if len(r):
+            self.comp.add({"bin": te >> self.shift, "rank": r, "d": gap.astype(np.float64)})
+
+    def _account_links(self, link: pa.Table) -> None:
+        cols = self.links.update(link)
+        if cols is not None:
+            t = cols.pop("t")
+            cols.pop("dt")
+            cols["bin"] = t >> self.shift
+            self.qp.add(cols)
+
+    def _account_gpu(self, gpu: pa.Table) -> None:
+        rank = pc.fill_null(gpu.column("rank"), -1).to_numpy().astype(np.int64)
+        keep = rank >= 0
+        if not keep.any():
+            return
+        reasons = gpu.column("throttle_reasons").to_numpy().astype(np.uint64)
+        thr = (reasons & np.uint64(THROTTLE_MASK)) != 0
+        self.gpu.add({"bin": gpu.column("t").to_numpy()[keep] >> self.shift,
+                      "rank": rank[keep], "n": np.ones(int(keep.sum())),
+                      "sm": gpu.column("sm_clock_mhz").to_numpy()[keep].astype(np.float64),
+                      "thr": thr[keep].astype(np.float64)})
 
     def _account_spans(self, span: pa.Table) -> None:
         """Forward and backward compute time per rank and bin (MEGATRACE's stages)."""
@@ -857,6 +1251,590 @@ class SlowdownDetector:
                         "rank": span.column("rank").to_numpy()[keep].astype(np.int64),
                         "op": code[keep], "d": (t1 - t0).astype(np.float64),
                         "n": np.ones(int(keep.sum()))})
+
+    def _classes(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        key = np.stack([op, nbytes], axis=1)
+        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        idx = np.empty(len(uniq), dtype=np.int64)
+        for j, (o, b) in enumerate(uniq.tolist()):
+            idx[j] = self.classes.setdefault((int(o), int(b)), len(self.classes))
+        return idx[inv.reshape(-1)]
+
+    def _kinds_of(self, cidx: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(cidx, return_inverse=True)
+        names = np.array([self.registry.kind(int(i)) for i in uniq.tolist()])
+        return names[inv.reshape(-1)]
+
+    @property
+    def _tables(self) -> tuple[BinTable, ...]:
+        return (self.out_w, self.in_w, self.grp, self.comp, self.qp, self.gpu, self.spans)
+
+    # ------------------------------------------------------------------ iterations
+
+    def _push_iteration(self, idx: int, t0: int, dur: int) -> list[Anomaly]:
+        if self.iters and idx <= self.iters[-1][0]:
+            return []
+        self.iters.append([idx, t0, dur])
+        self.horizon = max(self.horizon, t0 + dur)
+        if self.first_iter_t == 0:
+            self.first_iter_t = t0 + dur  # skip the first iteration (warm-up)
+        self.change.allow_further = all(op.state == "open" for op in self.levels)
+        changes = self.change.push(float(dur))
+        if not math.isnan(self.change.baseline) and self.change.state == "normal":
+            self.base_iter_ns = self.change.baseline
+        elif not self.base_iter_ns and len(self.iters) >= 3:
+            self.base_iter_ns = float(np.median([d for _, _, d in self.iters[-5:]]))
+        self._resize_bins()
+        self.ccld.close(self.horizon)
+        out: list[Anomaly] = []
+        for ch in changes:
+            if ch.kind == "onset":
+                self._onset(ch)
+            else:
+                out.extend(self._relief(ch))
+        for op in list(self.levels):
+            if op.state == "pending":
+                out.extend(self._try_confirm(op))
+        if self.levels and self.levels[-1].state == "open":
+            out.extend(self._refine(self.levels[-1]))
+        self._trim()
+        return out
+
+    def _pos(self, pos: int) -> int:
+        return min(max(pos - self.iter_offset, 0), len(self.iters) - 1)
+
+    def _iter_at(self, pos: int) -> list[int]:
+        return self.iters[self._pos(pos)]
+
+    def _resize_bins(self) -> None:
+        if self.base_iter_ns <= 0:
+            return
+        want = max(self.config.bin_shift, int(math.log2(max(self.base_iter_ns / 8, 1.0))))
+        if want > self.shift:
+            for table in self._tables:
+                table.rebin(want - self.shift)
+            self.shift = want
+
+    def _trim(self) -> None:
+        c = self.config
+        keep = c.history_iterations
+        if len(self.iters) > 4 * keep:
+            drop = len(self.iters) - 2 * keep
+            if self.levels:
+                drop = min(drop, self.levels[0].onset_pos - self.iter_offset
+                           - c.baseline_iterations - 2)
+            if drop > 0:
+                self.iters = self.iters[drop:]
+                self.iter_offset += drop
+        if self.base_iter_ns > 0:
+            horizon = self.horizon - int(keep * self.base_iter_ns)
+            if self.levels:
+                horizon = min(horizon, self.levels[0].ref_lo_ns)
+            for table in self._tables:
+                table.prune(horizon >> self.shift)
+
+    # ------------------------------------------------------------------ anomalies
+
+    def _onset(self, ch: Change) -> None:
+        c = self.config
+        idx, t0, _ = self._iter_at(ch.index)
+        if ch.depth <= 1 or not self.levels:
+            ref_lo = int(t0 - c.baseline_iterations * ch.baseline)
+            ref_lo = max(ref_lo, self.first_iter_t)
+            seg = self._iter_at(self.change.seg_start)[1]
+            ref_lo = max(ref_lo, seg) if seg < t0 else ref_lo
+            healthy = ch.baseline
+        else:
+            lower = self.levels[-1]
+            lo_pos = max(lower.onset_pos + 1, self.change.levels[-2].seg
+                         if len(self.change.levels) >= 2 else lower.onset_pos + 1)
+            ref_lo = int(self._iter_at(lo_pos)[1])
+            healthy = lower.healthy_ns
+        ref_lo = min(ref_lo, int(t0) - (1 << self.shift))
+        self.levels.append(_Open(
+            anomaly={"kind": "slow", "cause": "compute", "ranks": [], "start_ns": int(t0),
+                     "detected_ns": None, "end_ns": None,
+                     "slowdown": round(ch.level / healthy, 4) if healthy > 0 else None,
+                     "onset_iteration": int(idx)},
+            onset_pos=ch.index, ref_lo_ns=ref_lo, ref_iter_ns=ch.baseline,
+            healthy_ns=healthy, seg_before=self.change.seg_start))
+
+    def _window(self, op: _Open, lo_pos: int, hi_ns: int) -> _Window:
+        """Bins of the window from iteration ``lo_pos`` up to ``hi_ns`` and of ``op``'s
+        reference window, with their iteration times."""
+        s = self.shift
+        t_lo = self._iter_at(lo_pos)[1]
+        lo, hi = t_lo >> s, max(hi_ns >> s, (t_lo >> s) + 1)
+        b_hi = self._iter_at(op.onset_pos)[1] >> s
+        b_lo = min(op.ref_lo_ns >> s, b_hi - 1)
+        a, b = self._pos(lo_pos), len(self.iters)
+        durs = [d for _, t, d in self.iters[a:b] if t + d <= hi_ns] or [self.iters[a][2]]
+        return _Window(lo, hi, b_lo, b_hi, float(max((hi << s) - (lo << s), 1)),
+                       float(max((b_hi - b_lo) << s, 1)), float(np.median(durs)),
+                       op.ref_iter_ns)
+
+    def _try_confirm(self, op: _Open) -> list[Anomaly]:
+        """Open the anomaly of a pending level once its root persists (:meth:`_persistent`):
+        a fail-slow is a persistent slow component, while pauses and bursts of jitter hit
+        random ranks; after ``localize_retries`` more iterations without a persistent root
+        the level is dropped."""
+        c = self.config
+        op.tries += 1
+        t_onset = self._iter_at(op.onset_pos)[1]
+        if self.horizon - t_onset < c.min_window_iterations * op.ref_iter_ns:
+            return []
+        found = self._persistent(op)
+        if found is None:
+            if op.tries > c.localize_retries:
+                self._drop(op)
+            return []
+        first, comm_ok, nodes, roots = found
+        win = self._window(op, op.onset_pos + first, self.horizon)
+        loc = self.localize(win, op, roots=roots, comm=comm_ok)
+        if comm_ok and loc["cause"] == "compute":
+            loc = self.localize(win, op, roots=roots, comm=True, force_comm=True)
+        loc["signature"] = [comm_ok, nodes, roots]
+        if (loc["cause"] == "compute" and self.evidence.get("compute_source") == "waits"
+                and loc.get("P") is not None and loc["P"] < c.alpha):
+            # CCL-D §4.2.2: the root's rounds lost time in transfer, not in its late
+            # arrival; without gap evidence of its own compute this is no compute slow-down
+            return []
+        depth = self.levels.index(op)
+        if depth > 0 and self._same(self.levels[depth - 1], loc):
+            # the open anomaly grew worse: one fault, one anomaly
+            lower = self.levels[depth - 1]
+            lower.anomaly["slowdown"] = op.anomaly["slowdown"]
+            self.levels.remove(op)
+            self.change.merge_top()
+            return []
+        op.signature = loc["signature"]
+        op.first = first
+        op.anomaly.update({k: v for k, v in loc.items()
+                           if k not in ("confident", "signature", "evidence")})
+        op.anomaly["start_ns"] = min(int(op.anomaly["start_ns"]), self.horizon - 1)
+        op.anomaly["detected_ns"] = int(self.horizon)
+        op.anomaly["id"] = f"slow-{self.next_id}"
+        self.next_id += 1
+        op.state = "open"
+        return [self._anomaly(op.anomaly)]
+
+    def _persistent(self, op: _Open, max_start: int | None = None
+                    ) -> tuple[int, bool, list[str], list[int]] | None:
+        """The slow iterations since the onset, each localized on its own against the same
+        reference (cached), and what persists among them: a compute root (or a slow link)
+        found in at least two of them and in ``consistency`` of the iterations from its
+        first appearance on (that first one may be only partly slow). Returns (index of the
+        first persistent iteration relative to the onset, communication persists?, its node
+        pair, persistent compute roots), or None."""
+        c = self.config
+        a = self._pos(op.onset_pos) + len(op.per_iter)
+        while a < len(self.iters):
+            _, t0, d = self.iters[a]
+            if t0 + d > self.horizon:
+                break
+            one = self.localize(self._window(op, self.iter_offset + a, t0 + d), op,
+                                light=True)
+            op.per_iter.append(one["signature"] if one["confident"] else None)
+            a += 1
+        k = len(op.per_iter)
+
+        def stretch(member: list[bool]) -> int | None:
+            """Earliest start of a persistent trailing stretch (None: none)."""
+            for s0 in range(k if max_start is None else min(k, max_start + 1)):
+                if not member[s0]:
+                    continue
+                hits = sum(member[s0:])
+                # a root that appears only well after the onset needs one more iteration
+                need = 2 if s0 <= 1 else 3
+                if hits >= need and hits - 1 >= c.consistency * max(k - s0 - 1, 1):
+                    return s0
+            return None
+
+        starts: list[int] = []
+        roots: list[tuple[int, int]] = []  # (start, rank)
+        cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
+        for r in cands:
+            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter])
+            if st is not None:
+                roots.append((st, r))
+                starts.append(st)
+        comm_nodes: list[str] = []
+        comm_start = None
+        pairs = sorted({tuple(sig[1]) for sig in op.per_iter if sig and sig[0]})
+        for pair in pairs:
+            st = stretch([bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
+                          for sig in op.per_iter])
+            if st is not None and (comm_start is None or st < comm_start):
+                comm_start, comm_nodes = st, list(pair)
+        if comm_start is not None:
+            starts.append(comm_start)
+        if not starts:
+            return None
+        first = min(starts)
+        return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
+
+    def _refine(self, op: _Open) -> list[Anomaly]:
+        """An open anomaly (the top level) whose later iterations add persistent evidence
+        (a second slow rank, the compute side of a mixed slow-down) is updated and reported
+        again with the same id (its lifecycle: open, updated, resolved)."""
+        # only what was there from the onset on: a fault that starts later is its own
+        found = self._persistent(op, max_start=op.first + 1)
+        if found is None or not op.signature:
+            return []
+        first, comm_ok, nodes, roots = found
+        old_comm, old_nodes, old_roots = op.signature
+        comm_ok = comm_ok or bool(old_comm)
+        nodes = list(old_nodes) if old_comm and old_nodes else nodes
+        roots = sorted(set(roots) | set(old_roots))
+        if comm_ok == bool(old_comm) and roots == sorted(old_roots):
+            return []
+        win = self._window(op, op.onset_pos + first, self.horizon)
+        loc = self.localize(win, op, roots=roots, comm=comm_ok, force_comm=comm_ok)
+        if loc["cause"] == op.anomaly["cause"] and loc["ranks"] == op.anomaly["ranks"]:
+            op.signature = [comm_ok, nodes, roots]
+            return []
+        op.signature = [comm_ok, nodes, roots]
+        keep = {k: op.anomaly[k] for k in ("id", "start_ns", "detected_ns")}
+        op.anomaly.update({k: v for k, v in loc.items()
+                           if k not in ("confident", "signature", "evidence")})
+        op.anomaly.update(keep)
+        return [self._anomaly(op.anomaly)]
+
+    def _drop(self, op: _Open) -> None:
+        i = self.levels.index(op)
+        for _ in range(len(self.levels) - i):
+            self.levels.pop()
+            self.change.reject()
+
+    def _same(self, a: _Open, loc: dict[str, Any]) -> bool:
+        return bool(a.signature) and _agree(a.signature, loc["signature"])
+
+    def _relief(self, ch: Change) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        _, t_end, _ = self._iter_at(ch.index)
+        for _ in range(min(ch.closed, len(self.levels))):
+            op = self.levels.pop()
+            if op.state != "open":
+                if not self.levels:
+                    # never confirmed: its values stay in the healthy segment (as a reject)
+                    self.change.seg_start = op.seg_before
+                continue
+            a, b = self._pos(op.onset_pos), self._pos(ch.index)
+            durs = [d for _, _, d in self.iters[a:max(b, a + 1)]]
+            if durs and op.healthy_ns > 0:
+                op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
+            op.anomaly["end_ns"] = max(int(t_end), int(op.anomaly["start_ns"]) + 1)
+            out.append(self._anomaly(op.anomaly))
+        return out
+
+    @staticmethod
+    def _anomaly(d: dict[str, Any]) -> Anomaly:
+        return Anomaly.from_dict(dict(d))
+
+    # ------------------------------------------------------------------ localization
+
+    def localize(self, win: _Window, op: _Open | None = None, light: bool = False,
+                 roots: list[int] | None = None, comm: bool = True,
+                 force_comm: bool = False) -> dict[str, Any]:
+        """Root cause of the slow-down in ``win`` against its reference window:
+        communication (slow groups, degraded links), computation (ranks whose own compute
+        grew, else the sinks of the wait-for graph), or both (module docstring)."""
+        c = self.config
+        slow = self._slow_groups(win, force_comm) if comm else []
+        graph = self._wait_graph(win)
+        comp = roots if roots is not None else self._compute_roots(win, graph)
+        comm_evidence = bool(slow)
+        members: set[int] = set()
+        for g in slow:
+            members.update(g["ranks"])
+        if comp is not None:
+            roots = comp
+        else:
+            roots = graph.roots(c.wait_share * win.lost, c.root_asym * win.lost,
+                                keep_top=not comm_evidence)
+            # with a slow link, a rank found by the wait graph is a compute root only when
+            # its peers on slow groups too still wait on it
+            roots = [r for r in roots if r not in members
+                     or graph.peer_wait(r, members, {g["cidx"] for g in slow})
+                     >= c.mixed_share * win.lost]
+        self.evidence = {"window": win, "slow_groups": slow, "compute": comp,
+                         "graph": graph, "roots": roots,
+                         "compute_source": "gaps" if comp is not None else "waits"}
+        out: dict[str, Any] = {"confident": bool(comm_evidence or roots)}
+        if comm_evidence and roots:
+            cause = "mixed"
+        elif comm_evidence:
+            cause = "communication"
+        else:
+            cause = "compute"
+            if not roots:
+                roots = graph.fallback_root()
+        out["cause"] = cause
+        link = None
+        nodes: list[str] = []
+        rp_cidx = -1
+        if comm_evidence:
+            link, nodes, rp_cidx = self._link(slow)
+        out["link"] = link
+        ranks = (sorted(link) if link else []) if cause == "communication" else sorted(roots)
+        out["ranks"] = [int(r) for r in ranks]
+        sig_ranks = [int(r) for r in roots] if cause != "communication" else []
+        out["signature"] = [cause != "compute", sorted(nodes), sig_ranks]
+        if light:
+            return out
+        if cause in ("communication", "mixed") and rp_cidx >= 0:
+            kind = self.registry.kind(rp_cidx)
+            out["comm"], out["comm_kind"] = self.registry.ids[rp_cidx], kind
+            out["stage"] = KIND_STAGE.get(kind, "other")
+        else:
+            rp_cidx = graph.top_comm(ranks[0]) if ranks else -1
+            if rp_cidx >= 0:
+                out["comm"] = self.registry.ids[rp_cidx]
+                out["comm_kind"] = self.registry.kind(rp_cidx)
+            else:
+                out["comm"] = out["comm_kind"] = None
+            out["stage"] = self._compute_stage(ranks, win)
+        r_val, p_val = self._rp(rp_cidx, win, link if cause != "compute" else ranks[:1]) \
+            if rp_cidx >= 0 else (None, None)
+        out["R"], out["P"] = r_val, p_val
+        if cause != "communication" and ranks:
+            gpu = self._gpu_evidence(ranks, win)
+            if gpu:
+                out["gpu"] = gpu
+        if op is not None:
+            out["start_ns"] = self._refine_start(op, win, slow, ranks if cause !=
+                                                 "communication" else [])
+        return out
+
+    def _excess(self, table: BinTable, value: str, by: tuple[str, ...], win: _Window
+                ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Per key of ``by``: rate of ``value`` in the window minus the baseline rate. The
+        window leaves out each key's largest bin when it spans several iterations: a
+        pause (GC) fills one bin, a straggler all of them."""
+        w = table.query(win.lo, win.hi, ("bin", *by))
+        by_key = _aggregate({**{k: w[k] for k in by}, value: w[value], "m": w[value]}, by,
+                            (value,), "m", ())
+        drop = by_key["m"] if win.iterations >= 2.5 else 0.0
+        b = table.query(win.b_lo, win.b_hi, by)
+        both = {k: np.concatenate([by_key[k], b[k]]) for k in by}
+        both["v"] = np.concatenate([(by_key[value] - drop) / win.win_ns,
+                                    -b[value] / win.base_ns])
+        agg = _aggregate(both, by, ("v",), None, ())
+        return {k: agg[k] for k in by}, agg["v"]
+
+    def _compute_roots(self, win: _Window, graph: _WaitGraph | None = None
+                       ) -> list[int] | None:
+        """Ranks whose own compute per iteration (gaps between their operations) grew by
+        at least ``compute_share`` of the time lost per iteration and by at least
+        ``compute_top`` of the largest such growth, strongest first; ``[]`` when no rank
+        did; None when the gaps say nothing (no gap data, or so many ranks qualify that
+        waiting shows in the gaps: hosts that block outside the library calls). Each
+        rank's largest time bin is left out of both windows: a pause (GC) fills one bin, a
+        slow rank all of them."""
+        c = self.config
+        w = self.comp.query(win.lo, win.hi, ("bin", "rank"))
+        if len(w["rank"]) == 0:
+            return None
+        b = self.comp.query(win.b_lo, win.b_hi, ("bin", "rank"))
+        bin_ns = float(1 << self.shift)
+        rw, tw = _trimmed(w["rank"], w["d"])
+        rb, tb = _trimmed(b["rank"], b["d"])
+        rate_w = tw / max(win.win_ns - bin_ns, bin_ns)
+        rate_b = _lookup(rw, rb, tb) / max(win.base_ns - bin_ns, bin_ns)
+        has_b = _lookup(rw, rb, np.ones(len(rb))) > 0
+        lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
+        excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
+                          0.0)
+        if graph is not None and graph.in_by:
+            waited = np.array([sum(graph.in_by.get(int(r), {}).values()) for r in rw])
+            excess = np.where(waited > c.waited_share * win.lost, excess, 0.0)
+        top = float(excess.max())
+        hit = (excess >= c.compute_share) & (excess >= c.compute_top * top)
+        n = int(hit.sum())
+        if n == 0:
+            return []
+        if n > c.max_roots:
+            return None
+        order = np.argsort(-excess[hit], kind="stable")
+        return [int(r) for r in rw[hit][order]]
+
+    def _slow_groups(self, win: _Window, force: bool = False) -> list[dict[str, Any]]:
+        """Greyhound §4.3 cross-group comparison on transfer times: groups slower than their
+        own baseline by more than 10%, and than the median of their comparable cluster by
+        more than 10% -- or the whole cluster is slower (a link every group crosses)."""
+        c = self.config
+        by = ("cidx", "group", "cls")
+        w = self.grp.query(win.lo, win.hi, by)
+        base = self.grp.query(win.b_lo, win.b_hi, by)
+        if len(w["cidx"]) == 0:
+            return []
+        key = lambda d: (d["cidx"] << 40) ^ (d["group"] * 1_000_003) ^ d["cls"]  # noqa: E731
+        wk, bk = key(w), key(base)
+        w_mean = w["xfer"] / np.maximum(w["n"], 1)
+        b_n = _lookup(wk, bk, base["n"])
+        b_mean = _lookup(wk, bk, base["xfer"]) / np.maximum(b_n, 1)
+        kinds = self._kinds_of(w["cidx"])
+        cluster = np.char.add(np.char.add(kinds.astype(str), "/"),
+                              np.char.add(w["cls"].astype(str),
+                                          np.where(w["group"] >= 0, "/p2p", "")))
+        own = np.where(b_n > 0, w_mean / np.maximum(b_mean, 1.0), 0.0)
+        _, cinv = np.unique(cluster, return_inverse=True)
+        cinv = cinv.reshape(-1)
+        med = np.empty(len(w_mean))
+        med_own = np.empty(len(w_mean))
+        csize = np.bincount(cinv)[cinv]
+        order = np.argsort(cinv, kind="stable")
+        starts = _group_starts(cinv[order])
+        for j, st in enumerate(starts.tolist()):
+            end = starts[j + 1] if j + 1 < len(starts) else len(order)
+            sel = order[st:end]
+            med[sel] = np.median(w_mean[sel])
+            med_own[sel] = np.median(own[sel])
+        cross = w_mean / np.maximum(med, 1.0)
+        impact = (w_mean - b_mean) * w["n"] / win.win_ns
+        everyone = med_own > 1 + c.transfer_threshold
+        ok = ((b_n > 0) & (own > 1 + c.transfer_threshold)
+              & ((cross > 1 + c.group_threshold) | (csize < 3) | everyone))
+        # a group matters when its extra transfer time is a share of the lost time; a
+        # cluster slowed as a whole matters by its summed impact
+        csum = np.bincount(cinv, weights=np.where(ok, impact, 0.0))[cinv]
+        matters = (impact > c.comm_share * win.lost) | (everyone & (csum > c.comm_share
+                                                                     * win.lost))
+        if not (ok & matters).any() and force:
+            # the slow link persisted iteration by iteration: keep its strongest groups
+            matters = impact >= 0.5 * float(np.max(np.where(ok, impact, 0.0)))
+        ok &= matters
+        out = []
+        for j in np.flatnonzero(ok)[np.argsort(-impact[ok])].tolist():
+            cidx, group = int(w["cidx"][j]), int(w["group"][j])
+            ranks = ([group >> 32, group & 0xFFFFFFFF] if group >= 0
+                     else self.registry.ranks(cidx))
+            out.append({"cidx": cidx, "group": group, "kind": str(kinds[j]),
+                        "ranks": [int(x) for x in ranks], "ratio": float(own[j]),
+                        "cross": float(cross[j]), "impact": float(impact[j])})
+        return out
+
+    def _link_occupancy(self, win: _Window, pairs: list[tuple[str, str]]
+                        ) -> dict[tuple[str, str], float]:
+        """Per candidate node pair: how much fuller its queue pairs ran in the window than
+        in the reference window (time-averaged in-flight work requests, :class:`LinkTracker`;
+        both directions together). On a ring whose rounds are slow, the hop over the slow
+        link keeps its queue full while the other hops wait for data, so its occupancy grows
+        the most. Pairs with fewer than ``link_min_wrs`` completed work requests in either
+        window are left out."""
+        c = self.config
+        if len(self.qp) == 0 or not pairs:
+            return {}
+        w = self.qp.query(win.lo, win.hi, ("qp",))
+        b = self.qp.query(win.b_lo, win.b_hi, ("qp",))
+        if len(w["qp"]) == 0 or len(b["qp"]) == 0:
+            return {}
+        names = self.links.node_names
+        want = {tuple(sorted(p)) for p in pairs}
+        acc: dict[tuple[str, str], list[float]] = {}
+        for tab, off in ((w, 0), (b, 2)):
+            node = self.links.qp_node[tab["qp"]]
+            peer = self.links.qp_peer[tab["qp"]]
+            for j in np.flatnonzero(peer >= 0).tolist():
+                pair = tuple(sorted((names[node[j]], names[peer[j]])))
+                if pair not in want:
+                    continue
+                cur = acc.setdefault(pair, [0.0, 0.0, 0.0, 0.0])
+                cur[off] += float(tab["lt"][j])
+                cur[off + 1] += float(tab["dc"][j])
+        out = {}
+        for pair, (lt_w, dc_w, lt_b, dc_b) in acc.items():
+            if dc_w < c.link_min_wrs or dc_b < c.link_min_wrs:
+                continue
+            occ_w, occ_b = lt_w / win.win_ns, lt_b / win.base_ns
+            out[pair] = (occ_w + 0.05) / (occ_b + 0.05)
+        return out
+
+    def _link(self, slow: list[dict[str, Any]]) -> tuple[list[int] | None, list[str], int]:
+        """The slow link (Greyhound §4.3, ring-neighbour analysis): among the node pairs
+        crossed by the slow groups' edges (point-to-point pairs, ring neighbours of
+        collectives), those with the largest total impact; ties (every hop of a slow ring
+        crosses a node pair) are broken by the queue pairs' occupancy when ``link`` rows
+        exist (:meth:`_link_occupancy`), else by the lowest pair. Reported as two ranks at
+        its ends: an edge of a slow group when one crosses it, a pipeline pair if pipeline
+        traffic crosses it (lower stage first), else a ring edge (DP, then TP, then CP),
+        lowest rank first; with its communicator."""
+        node = self.meta.node_of
+        score: dict[tuple[str, str], float] = {}
+        for g in slow:
+            seen: set[tuple[str, str]] = set()
+            for a, b in self._edges(g):
+                na, nb = sorted((node(a), node(b)))
+                if na != nb and (na, nb) not in seen:
+                    seen.add((na, nb))
+                    score[(na, nb)] = score.get((na, nb), 0.0) + g["impact"]
+        if not score:  # every slow edge stays inside a node (NVLink, PCIe)
+            for g in slow:
+                for a, b in self._edges(g):
+                    if node(a) == node(b):
+                        score[(node(a), node(b))] = score.get((node(a), node(b)), 0.0) \
+                            + g["impact"]
+        if not score:
+            return None, [], int(slow[0]["cidx"]) if slow else -1
+        best = max(score.values())
+        tied = sorted(k for k, v in score.items() if v >= best * 0.999)
+        occ = self._link_occupancy(self.evidence["window"], tied) if len(tied) > 1 else {}
+        self.evidence["occupancy"] = occ
+        nodes = list(max(tied, key=lambda k: (occ.get(k, 0.0), [-ord(ch) for ch in  # type: ignore[call-overload]
+                                                                 "".join(k)])))
+        pair, cidx = self._link_pair(nodes[0], nodes[1], slow)
+        if cidx < 0 and slow:
+            cidx = int(slow[0]["cidx"])
+        return pair, list(nodes), cidx
+
+    def _edges(self, g: dict[str, Any]) -> list[tuple[int, int]]:
+        if g["group"] >= 0:
+            return [(g["ranks"][0], g["ranks"][1])]
+        ring = g["ranks"]
+        return [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))
+                ] if len(ring) > 1 else []
+
+    def _link_pair(self, na: str, nb: str, slow: list[dict[str, Any]]
+                   ) -> tuple[list[int] | None, int]:
+        """Two ranks at the ends of the link between nodes ``na`` and ``nb`` (see
+        :meth:`_link`) and the communicator of that pair."""
+        node = self.meta.node_of
+        ends = {na, nb}
+        slow_edges = {frozenset(e) for g in slow for e in self._edges(g)}
+        best: tuple[int, int, int, int, list[int]] | None = None
+        order = {"pp": 0, "dp": 1, "tp": 2, "cp": 3}
+        for i in range(len(self.registry.ids)):
+            kind = self.registry.kind(i)
+            ranks = self.registry.ranks(i)
+            if len(ranks) < 2:
+                continue
+            if kind == "pp" or self.registry.p2p_only[i]:
+                edges = [(ranks[j], ranks[j + 1]) for j in range(len(ranks) - 1)]
+                rank_kind = 0
+            else:
+                edges = [(ranks[j], ranks[(j + 1) % len(ranks)]) for j in range(len(ranks))]
+                rank_kind = order.get(kind, 4)
+            for a, b in edges:
+                if {node(a), node(b)} != ends:
+                    continue
+                pair = [a, b] if rank_kind else sorted((a, b))
+                # an edge of a slow group first (rank-level evidence), then the convention
+                cand = (int(frozenset((a, b)) not in slow_edges), rank_kind, pair[0], i, pair)
+                if best is None or cand[:3] < best[:3]:
+                    best = cand
+        if best is None:
+            for g in slow:
+                for a, b in self._edges(g):
+                    if {node(a), node(b)} == ends:
+                        return [int(a), int(b)], int(g["cidx"])
+            return None, -1
+        return [int(x) for x in best[4]], best[3]
+
+    def _wait_graph(self, win: _Window) -> _WaitGraph:
+        ok, ov = self._excess(self.out_w, "w", ("rank", "cidx"), win)
+        ik, iv = self._excess(self.in_w, "w", ("cidx", "waitee"), win)
+        return _WaitGraph(self.registry, ok["rank"], ok["cidx"], ov, ik["cidx"], ik["waitee"],
+                          iv)
 
     def _compute_stage(self, ranks: list[int], win: _Window) -> str | None:
         """``forward`` or ``backward`` when only that pass of the root ranks' compute grew
@@ -881,233 +1859,91 @@ class SlowdownDetector:
             return "backward"
         return None
 
-    def _classes(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        key = np.stack([op, nbytes], axis=1)
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
-        idx = np.empty(len(uniq), dtype=np.int64)
-        for j, (o, b) in enumerate(uniq.tolist()):
-            idx[j] = self.classes.setdefault((int(o), int(b)), len(self.classes))
-        return idx[inv.reshape(-1)]
-
-    def _tbase(self, r: Rounds, cls: np.ndarray) -> None:
-        """CCL-D Eq. (1): T_base = mean T_max of the first m rounds of a class, m = min(100,
-        rounds in the first two minutes); classes are (communicator kind, op, bytes)."""
-        c = self.config
-        kinds = self._kinds_of(r.cidx)
-        keys = np.char.add(np.char.add(kinds.astype(str), "/"), cls.astype(str))
-        for key in np.unique(keys).tolist():
-            st = self.tbase.get(key)
-            sel = np.flatnonzero(keys == key)
-            t_end = r.t_end[sel]
-            if st is None:
-                st = self.tbase[key] = [0.0, 0.0, float(t_end.min())]
-            room = c.baseline_rounds - int(st[0])
-            if room <= 0:
+    def _gpu_evidence(self, ranks: list[int], win: _Window) -> dict[str, Any] | None:
+        """Greyhound's thermal case: the root ranks' GPUs throttled (NVML clocks-event
+        reasons) or lost SM clock in the window, compared with the reference window."""
+        if len(self.gpu) == 0:
+            return None
+        w = self.gpu.query(win.lo, win.hi, ("rank",))
+        b = self.gpu.query(win.b_lo, win.b_hi, ("rank",))
+        out = []
+        for r in ranks:
+            sw, sb = w["rank"] == r, b["rank"] == r
+            if not sw.any():
                 continue
-            order = np.argsort(t_end, kind="stable")[:room]
-            order = order[t_end[order] <= st[2] + c.baseline_seconds * 1e9]
-            st[0] += len(order)
-            st[1] += float(r.dmax[sel][order].sum())
-            if len(order) == 0:
-                st[0] = float(c.baseline_rounds)  # past the first two minutes: frozen
+            n = float(w["n"][sw].sum())
+            clock = float(w["sm"][sw].sum()) / n
+            throttled = float(w["thr"][sw].sum()) / n
+            base_clock = float(b["sm"][sb].sum() / b["n"][sb].sum()) if sb.any() else None
+            drop = base_clock is not None and clock < 0.9 * base_clock
+            if throttled >= 0.5 or drop:
+                out.append({"rank": int(r), "sm_clock_mhz": round(clock, 1),
+                            "baseline_sm_clock_mhz": None if base_clock is None
+                            else round(base_clock, 1), "throttled": round(throttled, 3)})
+        return {"throttling": out} if out else None
 
-    def _kinds_of(self, cidx: np.ndarray) -> np.ndarray:
-        uniq, inv = np.unique(cidx, return_inverse=True)
-        names = np.array([self.registry.kind(int(i)) for i in uniq.tolist()])
-        return names[inv]
+    def _rp(self, cidx: int, win: _Window, ranks: list[int] | None = None
+            ) -> tuple[float | None, float | None]:
+        """CCL-D's R and P (§4.2, Eqs. 3-4) of one communicator over the anomaly window,
+        for its round class (op, bytes; for point-to-point, the pair, preferring pairs that
+        involve ``ranks``: the slow link's ends or the root) that lost the most time.
 
-    def t_base(self, kind: str, cls: int) -> float | None:
-        st = self.tbase.get(f"{kind}/{cls}")
-        return st[1] / st[0] if st and st[0] > 0 else None
+        The window's rounds are summarized by their mean ``T_max`` and ``T_min`` rather than
+        by the single round with the largest range (Eq. 2, which :class:`CCLDMonitor` uses
+        to *detect*): over a window of many rounds that one round is an outlier by
+        construction (a pause, a pipeline's first receive) and would say "late arrival"
+        whatever the cause. With ``T_base`` and the healthy range from the class's first
+        rounds (Eq. 1, :meth:`CCLDMonitor.base`), ``R = (T_max - T_base) / T_base`` and ``P =
+        (T_max - T_min - range_base) / (T_max - T_base)``: the share of the extra time that
+        is late arrival (computation) rather than transfer (communication); near 1 for a
+        compute straggler, near 0 for a slow link."""
+        w = self.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
+        rows = np.flatnonzero(w["cidx"] == cidx)
+        if ranks and len(rows):
+            g = w["group"][rows]
+            mine = (g >= 0) & (np.isin(g >> 32, ranks) | np.isin(g & 0xFFFFFFFF, ranks))
+            if len(ranks) >= 2:
+                mine = (g >= 0) & np.isin(g >> 32, ranks) & np.isin(g & 0xFFFFFFFF, ranks)
+            if mine.any():
+                rows = rows[mine]
+        best: tuple[float, float | None, float | None] | None = None
+        for j in rows.tolist():
+            key = int(self._ccld_key(np.array([cidx]), np.array([w["group"][j]]),
+                                     np.array([w["cls"][j]]))[0])
+            t_base, skew = self.ccld.base(key)
+            n = float(w["n"][j])
+            if not t_base or n <= 0:
+                continue
+            t_max, t_min = float(w["dmax"][j]) / n, float(w["dmin"][j]) / n
+            late = max(t_max - t_min - skew, 0.0)
+            slower = max(t_min - (t_base - skew), 0.0)
+            r_val = round((t_max - t_base) / t_base, 4)
+            p_val = round(late / (late + slower), 4) if late + slower > 0 else None
+            lost = (t_max - t_base) * n
+            if best is None or lost > best[0]:
+                best = (lost, r_val, p_val)
+        return (best[1], best[2]) if best is not None else (None, None)
 
-    # ------------------------------------------------------------------ iterations
-
-    def _push_iteration(self, idx: int, t0: int, dur: int) -> list[Anomaly]:
-        if self.iters and idx <= self.iters[-1][0]:
-            return []
-        self.iters.append([idx, t0, dur])
-        if self.first_iter_t == 0:
-            self.first_iter_t = t0 + dur  # skip the first iteration (warm-up)
-        changes = self.change.push(float(dur))
-        if not math.isnan(self.change.baseline) and self.change.state == "normal":
-            self.base_iter_ns = self.change.baseline
-        elif not self.base_iter_ns and len(self.iters) >= 3:
-            self.base_iter_ns = float(np.median([d for _, _, d in self.iters[-5:]]))
-        self._resize_bins()
-        out: list[Anomaly] = []
-        for ch in changes:
-            if ch.kind == "onset":
-                out.extend(self._onset(ch.index, ch.baseline, ch.level))
-            else:
-                out.extend(self._relief(ch.index))
-        if self.open is not None and not self.open.reported:
-            out.extend(self._try_report())
-        self._trim()
-        return out
-
-    def _iter_at(self, pos: int) -> list[int]:
-        i = min(max(pos - self.iter_offset, 0), len(self.iters) - 1)
-        return self.iters[i]
-
-    def _resize_bins(self) -> None:
-        if self.base_iter_ns <= 0:
-            return
-        want = max(self.config.bin_shift, int(math.log2(max(self.base_iter_ns / 8, 1.0))))
-        if want > self.shift:
-            for table in (self.out_w, self.in_w, self.grp, self.spans):
-                table.rebin(want - self.shift)
-            self.shift = want
-
-    def _trim(self) -> None:
-        c = self.config
-        keep = c.history_iterations
-        if len(self.iters) > 4 * keep:
-            drop = len(self.iters) - 2 * keep
-            self.iters = self.iters[drop:]
-            self.iter_offset += drop
-        if self.base_iter_ns > 0:
-            horizon = self.max_t - int(keep * self.base_iter_ns)
-            if self.open is not None:
-                start = int(self.open.anomaly["start_ns"])
-                horizon = min(horizon, start - int((c.baseline_iterations + 2)
-                                                   * self.base_iter_ns))
-            for table in (self.out_w, self.in_w, self.grp, self.spans):
-                table.prune(horizon >> self.shift)
-
-    # ------------------------------------------------------------------ anomalies
-
-    def _onset(self, pos: int, baseline: float, level: float) -> list[Anomaly]:
-        out: list[Anomaly] = []
-        if self.open is not None:  # a new slow-down while one is open: close it first
-            out.extend(self._relief(pos))
-        idx, t0, _ = self._iter_at(pos)
-        aid = f"slow-{self.next_id}"
-        self.next_id += 1
-        self.open = _Open(anomaly={"id": aid, "kind": "slow", "cause": "compute", "ranks": [],
-                                   "start_ns": int(t0), "detected_ns": int(self.max_t),
-                                   "end_ns": None, "slowdown": round(level / baseline, 4),
-                                   "onset_iteration": int(idx)},
-                          onset_pos=pos, baseline_ns=baseline)
-        return out
-
-    def _try_report(self) -> list[Anomaly]:
-        op = self.open
-        assert op is not None
-        loc = self.localize(int(op.anomaly["start_ns"]), self.max_t, op.baseline_ns,
-                            float(op.anomaly["slowdown"]))
-        op.tries += 1
-        # the window counts from the refined onset
-        short = (self.max_t - int(loc["start_ns"])
-                 < self.config.min_window_iterations * op.baseline_ns)
-        if (short or not loc["confident"]) and op.tries <= self.config.localize_retries:
-            return []
-        op.anomaly.update({k: v for k, v in loc.items() if k != "confident"})
-        op.anomaly["detected_ns"] = int(self.max_t)
-        op.reported = True
-        return [self._anomaly(op.anomaly)]
-
-    def _relief(self, pos: int) -> list[Anomaly]:
-        op = self.open
-        if op is None:
-            return []
-        out: list[Anomaly] = []
-        if not op.reported:
-            op.tries = self.config.localize_retries + 1
-            out.extend(self._try_report())
-        _, t_end, _ = self._iter_at(pos)
-        lo, hi = op.onset_pos - self.iter_offset, pos - self.iter_offset
-        durs = [d for _, _, d in self.iters[max(lo, 0):max(hi, lo + 1)]]
-        if durs:
-            op.anomaly["slowdown"] = round(float(np.median(durs)) / op.baseline_ns, 4)
-        op.anomaly["end_ns"] = int(t_end)
-        out.append(self._anomaly(op.anomaly))
-        self.open = None
-        return out
-
-    @staticmethod
-    def _anomaly(d: dict[str, Any]) -> Anomaly:
-        return Anomaly.from_dict(dict(d))
-
-    # ------------------------------------------------------------------ localization
-
-    def localize(self, start_ns: int, end_ns: int, baseline_ns: float,
-                 slowdown: float) -> dict[str, Any]:
-        """Root cause of a slow-down that began at ``start_ns``: compares the window
-        ``[start_ns, end_ns]`` with the baseline window before it (module docstring)."""
-        c = self.config
-        s = self.shift
-        lo, hi = start_ns >> s, (end_ns >> s) + 1
-        span = max(1, int(c.baseline_iterations * baseline_ns) >> s)
-        b_hi = lo
-        b_lo = max(b_hi - span, (self.first_iter_t >> s) + 1 if self.first_iter_t else 0)
-        b_lo = min(b_lo, b_hi - 1)
-        win = _Window(lo, hi, b_lo, b_hi, float(max(end_ns - (lo << s), 1)),
-                      float(max((b_hi - b_lo) << s, 1)),
-                      max(1.0 - 1.0 / max(slowdown, 1.0), 1e-3))
-
-        slow = self._slow_groups(win)
-        graph = self._wait_graph(win)
-        # with a slow link, a rank is a compute root only on its own evidence
-        roots = graph.roots(c.wait_share * win.lost, c.root_asym * win.lost, keep_top=not slow)
-        self.evidence = {"window": win, "slow_groups": slow, "graph": graph, "roots": roots}
-        link, rep, link_ranks = self._link(slow)
-        members: set[int] = set(link_ranks)
-        for g in slow:
-            members.update(g["ranks"])
-        # a root on a slow group is explained by it, unless its peers in the same situation
-        # (on slow groups too) still wait on it: then it is also slow to compute
-        compute = [r for r in roots if r not in members
-                   or graph.peer_wait(r, members, {g["cidx"] for g in slow})
-                   >= c.mixed_share * win.lost]
-        out: dict[str, Any] = {"confident": bool(slow or roots)}
-        if slow and compute:
-            cause = "mixed"
-        elif slow:
-            cause = "communication"
-        else:
-            cause = "compute"
-            if not compute:
-                compute = graph.fallback_root()
-        out["cause"] = cause
-        out["link"] = link
-        rp_cidx = -1
-        if cause in ("communication", "mixed"):
-            top = rep if rep is not None else slow[0]
-            rp_cidx = int(top["cidx"])
-            out["comm"], out["comm_kind"] = self.registry.ids[rp_cidx], top["kind"]
-            out["stage"] = KIND_STAGE.get(top["kind"], "other")
-            ranks = sorted(compute) if cause == "mixed" else sorted(link_ranks)
-        else:
-            ranks = sorted(compute)
-            if ranks:
-                rp_cidx = graph.top_comm(ranks[0])
-            if rp_cidx >= 0:
-                kind = self.registry.kind(rp_cidx)
-                out["comm"], out["comm_kind"] = self.registry.ids[rp_cidx], kind
-            else:
-                out["comm"] = out["comm_kind"] = None
-            out["stage"] = self._compute_stage(ranks, win)
-        out["ranks"] = [int(r) for r in ranks]
-        r_val, p_val = self._rp(rp_cidx, lo, hi) if rp_cidx >= 0 else (None, None)
-        out["R"], out["P"] = r_val, p_val
-        out["start_ns"] = self._refine_start(start_ns, baseline_ns, win, slow,
-                                             ranks if cause != "communication" else [])
-        return out
-
-    def _refine_start(self, start_ns: int, baseline_ns: float, win: _Window,
-                      slow: list[dict[str, Any]], roots: list[int]) -> int:
+    def _refine_start(self, op: _Open, win: _Window, slow: list[dict[str, Any]],
+                      roots: list[int]) -> int:
         """The onset within the time bins: the first bin, from one iteration before the
-        onset iteration, where the wait received by a root (compute, all communicators) or
-        the slow group's mean transfer time (communication) exceeds every bin of the
-        baseline window."""
+        onset iteration, where the root's compute (or, without gap data, the wait it
+        receives) or the slow group's mean transfer time exceeds every bin of the reference
+        window."""
         s = self.shift
-        first = (start_ns - int(baseline_ns)) >> s
+        start_ns = int(op.anomaly["start_ns"])
+        first = (start_ns - int(op.ref_iter_ns)) >> s
         found: list[int] = []
         if roots:
-            d = self.in_w.data
-            sel = np.isin(d["waitee"], roots)
+            d = self.comp.data
+            sel = np.isin(d["rank"], roots)
+            vals = d["d"][sel]
+            if not sel.any():
+                d = self.in_w.data
+                sel = np.isin(d["waitee"], roots)
+                vals = d["w"][sel]
             ub, inv = np.unique(d["bin"][sel], return_inverse=True)
-            total = np.bincount(inv, d["w"][sel], minlength=len(ub))
+            total = np.bincount(inv.reshape(-1), vals, minlength=len(ub))
             b = _first_above(ub, total, win.b_lo, min(win.b_hi, first), first, win.hi)
             if b is not None:
                 found.append(b)
@@ -1118,165 +1954,79 @@ class SlowdownDetector:
             bins, xfer, n = d["bin"][sel], d["xfer"][sel], d["n"][sel]
             if len(bins):
                 ub, inv = np.unique(bins, return_inverse=True)
+                inv = inv.reshape(-1)
                 mean = np.bincount(inv, xfer) / np.maximum(np.bincount(inv, n), 1)
                 b = _first_above(ub, mean, win.b_lo, min(win.b_hi, first), first, win.hi)
                 if b is not None:
                     found.append(b)
         if not found:
-            return int(start_ns)
-        return int(min(found) << s)
-
-    def _excess(self, table: BinTable, value: str, by: tuple[str, ...], win: _Window
-                ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Per key of ``by``: rate of ``value`` in the window minus the baseline rate. The
-        window leaves out each key's largest bin: a pause (GC) fills one bin, a straggler
-        all of them."""
-        w = table.query(win.lo, win.hi, ("bin", *by))
-        # per key: the sum over bins, and (as the arg column "m") its largest bin
-        by_key = _aggregate({**{k: w[k] for k in by}, value: w[value], "m": w[value]}, by,
-                            (value,), "m", ())
-        b = table.query(win.b_lo, win.b_hi, by)
-        both = {k: np.concatenate([by_key[k], b[k]]) for k in by}
-        both["v"] = np.concatenate([(by_key[value] - by_key["m"]) / win.win_ns,
-                                    -b[value] / win.base_ns])
-        agg = _aggregate(both, by, ("v",), None, ())
-        return {k: agg[k] for k in by}, agg["v"]
-
-    def _slow_groups(self, win: _Window) -> list[dict[str, Any]]:
-        """Greyhound §4.3 cross-group comparison on transfer times: groups slower than their
-        own baseline and than the median of their comparable cluster by more than 10%."""
-        c = self.config
-        by = ("cidx", "group", "cls")
-        w = self.grp.query(win.lo, win.hi, by)
-        base = self.grp.query(win.b_lo, win.b_hi, by)
-        if len(w["cidx"]) == 0:
-            return []
-        key = lambda d: (d["cidx"] << 40) ^ (d["group"] * 1_000_003) ^ d["cls"]  # noqa: E731
-        wk, bk = key(w), key(base)
-        w_mean = w["xfer"] / np.maximum(w["n"], 1)
-        b_n = _lookup(wk, bk, base["n"])
-        b_mean = _lookup(wk, bk, base["xfer"]) / np.maximum(b_n, 1)
-        kinds = self._kinds_of(w["cidx"])
-        cluster = np.char.add(np.char.add(kinds.astype(str), "/"),
-                              np.char.add(w["cls"].astype(str),
-                                          np.where(w["group"] >= 0, "/p2p", "")))
-        med = np.empty(len(w_mean))
-        csize = np.empty(len(w_mean), dtype=np.int64)
-        for cl in np.unique(cluster).tolist():
-            sel = cluster == cl
-            med[sel] = np.median(w_mean[sel])
-            csize[sel] = sel.sum()
-        own = np.where(b_n > 0, w_mean / np.maximum(b_mean, 1.0), 0.0)
-        cross = w_mean / np.maximum(med, 1.0)
-        impact = (w_mean - b_mean) * w["n"] / win.win_ns
-        ok = ((b_n > 0) & (own > 1 + c.transfer_threshold)
-              & ((cross > 1 + c.group_threshold) | (csize < 3))
-              & (impact > c.comm_share * win.lost))
-        out = []
-        for j in np.flatnonzero(ok)[np.argsort(-impact[ok])].tolist():
-            cidx, group = int(w["cidx"][j]), int(w["group"][j])
-            ranks = ([group >> 32, group & 0xFFFFFFFF] if group >= 0
-                     else self.registry.ranks(cidx))
-            out.append({"cidx": cidx, "group": group, "kind": str(kinds[j]),
-                        "ranks": [int(x) for x in ranks], "ratio": float(own[j]),
-                        "cross": float(cross[j]), "impact": float(impact[j])})
-        return out
-
-    def _link(self, slow: list[dict[str, Any]]
-              ) -> tuple[list[int] | None, dict[str, Any] | None, list[int]]:
-        """The link common to the slow groups (Greyhound §4.3): the pair of nodes crossed by
-        the slow groups' edges (point-to-point pairs, ring neighbours of collectives) with
-        the largest total impact; reported as its first edge in rank order, a
-        point-to-point pair first. Returns the link, the slow group it was taken from and
-        the ranks of that link."""
-        if not slow:
-            return None, None, []
-        node = self.meta.node_of
-        edges: list[tuple[tuple[str, str], int, int, int]] = []  # (nodes, p2p?, a, gi)
-        score: dict[tuple[str, str], float] = {}
-        for gi, g in enumerate(slow):
-            if g["group"] >= 0:
-                pairs = [(g["ranks"][0], g["ranks"][1])]
-            else:
-                ring = g["ranks"]
-                pairs = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))
-                         ] if len(ring) > 1 else []
-            seen: set[tuple[str, str]] = set()
-            for a, b in pairs:
-                na, nb = sorted((node(a), node(b)))
-                nk = (na, nb)
-                edges.append((nk, 0 if g["group"] >= 0 else 1, a, gi))
-                if nk not in seen:
-                    seen.add(nk)
-                    score[nk] = score.get(nk, 0.0) + g["impact"]
-        cross = {k: v for k, v in score.items() if k[0] != k[1]}
-        pool = cross or score
-        best = max(pool, key=lambda k: (pool[k], k))
-        cands = []
-        for nk, kind, a, gi in edges:
-            if nk != best:
-                continue
-            g = slow[gi]
-            if g["group"] >= 0:
-                pair = sorted(g["ranks"])
-            else:
-                ring = g["ranks"]
-                pair = [a, ring[(ring.index(a) + 1) % len(ring)]]
-            cands.append((kind, min(pair) if g["group"] >= 0 else a, pair, gi))
-        kind, _, pair, gi = min(cands, key=lambda x: (x[0], x[1]))
-        return [int(pair[0]), int(pair[1])], slow[gi], [int(pair[0]), int(pair[1])]
-
-    def _wait_graph(self, win: _Window) -> _WaitGraph:
-        ok, ov = self._excess(self.out_w, "w", ("rank", "cidx"), win)
-        ik, iv = self._excess(self.in_w, "w", ("cidx", "waitee"), win)
-        return _WaitGraph(self.registry, ok["rank"], ok["cidx"], ov, ik["cidx"], ik["waitee"],
-                          iv)
-
-    def _rp(self, cidx: int, lo: int, hi: int) -> tuple[float | None, float | None]:
-        """CCL-D Eqs. (2)-(4) for one communicator over the window."""
-        win = self.grp.query(lo, hi, ("cidx", "cls"))
-        sel = np.flatnonzero(win["cidx"] == cidx)
-        if len(sel) == 0:
-            return None, None
-        j = sel[np.argmax(win["range"][sel])]
-        base = self.t_base(self.registry.kind(cidx), int(win["cls"][j]))
-        if not base:
-            return None, None
-        return ccld_ratios(base, win["rdmax"][j:j + 1], win["rdmin"][j:j + 1])
+            return start_ns
+        return int(min(min(found) << s, self.horizon - 1))
 
     # ------------------------------------------------------------------ state
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "registry": self.registry.snapshot(), "joiner": self.joiner.snapshot(),
-            "shift": self.shift, "out_w": self.out_w.snapshot(), "in_w": self.in_w.snapshot(),
-            "grp": self.grp.snapshot(), "spans": self.spans.snapshot(),
+            "gaps": self.gaps.snapshot(), "links": self.links.snapshot(),
+            "ccld": self.ccld.snapshot(), "shift": self.shift,
+            "tables": {name: getattr(self, name).snapshot() for name in _TABLES},
             "classes": [[o, b, i] for (o, b), i in self.classes.items()],
-            "tbase": {k: list(v) for k, v in self.tbase.items()},
+            "group_ids": [[g, i] for g, i in self.group_ids.items()],
             "change": self.change.snapshot(), "iters": [list(x) for x in self.iters],
             "iter_offset": self.iter_offset, "base_iter_ns": self.base_iter_ns,
-            "first_iter_t": self.first_iter_t, "max_t": self.max_t, "next_id": self.next_id,
-            "open": None if self.open is None else asdict(self.open),
+            "first_iter_t": self.first_iter_t, "horizon": self.horizon, "max_t": self.max_t,
+            "next_id": self.next_id, "levels": [asdict(op) for op in self.levels],
             "tracker": self.tracker.snapshot() if self._own_tracker else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.registry.restore(state["registry"])
         self.joiner.restore(state["joiner"])
+        self.gaps.restore(state["gaps"])
+        self.links.restore(state["links"])
+        self.ccld.restore(state["ccld"])
         self.shift = int(state["shift"])
-        self.out_w.restore(state["out_w"])
-        self.in_w.restore(state["in_w"])
-        self.grp.restore(state["grp"])
-        self.spans.restore(state["spans"])
+        for name in _TABLES:
+            getattr(self, name).restore(state["tables"][name])
         self.classes = {(int(o), int(b)): int(i) for o, b, i in state["classes"]}
-        self.tbase = {k: [float(x) for x in v] for k, v in state["tbase"].items()}
+        self.group_ids = {int(g): int(i) for g, i in state["group_ids"]}
         self.change.restore(state["change"])
         self.iters = [[int(a), int(b), int(c)] for a, b, c in state["iters"]]
         self.iter_offset = int(state["iter_offset"])
         self.base_iter_ns = float(state["base_iter_ns"])
         self.first_iter_t = int(state["first_iter_t"])
+        self.horizon = int(state["horizon"])
         self.max_t = int(state["max_t"])
         self.next_id = int(state["next_id"])
-        self.open = None if state["open"] is None else _Open(**state["open"])
+        self.levels = [_Open(**op) for op in state["levels"]]
         if self._own_tracker and state.get("tracker") is not None:
             self.tracker.restore(state["tracker"])
+
+
+_TABLES = ("out_w", "in_w", "grp", "comp", "qp", "gpu", "spans")
+
+
+def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per key (sorted unique keys): the sum of its values without the largest one."""
+    if len(keys) == 0:
+        return keys, np.zeros(0)
+    order = np.lexsort((values, keys))
+    k, v = keys[order], values[order].astype(np.float64)
+    starts = _group_starts(k)
+    sums = np.add.reduceat(v, starts)
+    last = np.append(starts[1:], len(k)) - 1
+    return k[starts], sums - v[last]
+
+
+def _agree(a: list[Any], b: list[Any]) -> bool:
+    """Two localization signatures ``[communication?, link nodes, compute roots]`` name the
+    same fault: the same kind of evidence and a common link or a common root rank."""
+    if bool(a[0]) != bool(b[0]):
+        return False
+    if a[0] and a[1] and b[1] and sorted(a[1]) != sorted(b[1]):
+        return False
+    if a[2] and b[2]:
+        # the strongest root of the part is a root of the whole
+        return b[2][0] in a[2]
+    return bool(a[0]) or not (a[2] or b[2])

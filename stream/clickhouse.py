@@ -1,18 +1,33 @@
 """ClickHouse storage: the schema, generated from the Arrow schemas of the contract
-(failslow.events.SCHEMAS, failslow.results.SCHEMAS and the anomalies record), and a sink
-that writes Arrow tables with ``insert_arrow``.
+(failslow.events.SCHEMAS, failslow.results.SCHEMAS and the processor's records), a sink that
+writes Arrow tables with ``insert_arrow``, the processor's checkpoint store and the reads
+behind ``failslow query``.
 
 By default the database is embedded chDB in a local directory (no server to run); with a
-URL the same code talks to a ClickHouse server. chDB runs one engine per process: close the
-client (``ClickHouseSink.close()`` or ``client.close()``) before opening another directory.
+URL the same code talks to a ClickHouse server. chDB runs one engine per process and one
+process per directory: close the client (``ClickHouseSink.close()`` or ``client.close()``)
+before opening another directory; a second process cannot open a directory in use (the
+processor then waits and retries, as for a server that is down).
 
-Idempotence: every table sets ``non_replicated_deduplication_window`` and each write passes
-``insert_deduplication_token`` derived from the checkpoint's input offsets, so a batch that
-is written again after a timeout or back-pressure is dropped by ClickHouse instead of
-duplicated. A processor restart that re-reads uncommitted messages may cut them into
-different batches; then the derived tables (ReplacingMergeTree: ``rounds``, ``iterations``,
-``anomalies``, ``meta``) still collapse duplicates on merge (read them with ``FINAL``), while
-the raw event tables (plain MergeTree) may hold the re-read rows twice.
+Tables (``python -m failslow.stream.clickhouse`` prints the DDL; infra/clickhouse/schema.sql
+is the committed copy):
+
+- the event kinds (``meta``, ``coll``, ``progress``, ``link``, ``gpu``, ``span``), the derived
+  ``rounds`` and ``iterations``, ``anomalies`` (one row per report), ``whatif`` and
+  ``diagnoses`` (the rest of diagnosis.md's shape), and the processor's ``processor_cuts``
+  and ``processor_snapshots`` (:mod:`failslow.stream.state`);
+- large tables are partitioned by the UTC day of their event time and expire a fixed time
+  after ingestion (``ingested_at``; event times of replayed traces may be years old);
+  small ones (job descriptions, anomalies, diagnoses, what-if results) are kept;
+- columns carry codecs for their shape: Delta+ZSTD for times and cumulative counters, T64
+  for sizes and step counts, ZSTD for JSON text; enumerations and names are LowCardinality.
+
+Idempotence: every table is a ReplacingMergeTree whose sorting key is the record's natural
+key (an operation's ``(job, comm, seq, rank, phase)``, ...), with
+``non_replicated_deduplication_window`` set; each write passes ``insert_deduplication_token``
+derived from the input offsets it covers, so a batch written again (after a retry, or by a
+restarted processor that re-cuts its input at the logged cuts) is dropped by ClickHouse
+instead of duplicated. Rows that arrive twice by any other path collapse under ``FINAL``.
 
 Run ``python -m failslow.stream.clickhouse --write-schema infra/clickhouse/schema.sql`` to
 regenerate the committed DDL.
@@ -21,28 +36,62 @@ regenerate the committed DDL.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from failslow import events, results
-from failslow.diagnosis import Anomaly
+from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.stream.sink import (
     ANOMALY_SCHEMA,
+    DIAGNOSIS_SCHEMA,
+    WHATIF_SCHEMA,
     Sink,
     SinkBackpressureError,
     SinkBatch,
     anomalies_from_table,
     select_schema,
 )
+from failslow.stream.state import Cut, PartitionSnapshot, StateStore, pack_text, unpack_text
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE = "failslow"
-DEDUP_WINDOW = 1000
+#: Blocks per table whose tokens ClickHouse remembers; a restarted processor re-writes at
+#: most the cuts since its partition's last snapshot, far fewer.
+DEDUP_WINDOW = 10_000
+#: Days raw events and derived rows are kept after ingestion.
+EVENT_TTL_DAYS = 14
+DERIVED_TTL_DAYS = 90
+CUTS_TTL_DAYS = 7
+
+T = TypeVar("T")
+
+CUT_SCHEMA = pa.schema([
+    pa.field("consumer_group", pa.string(), nullable=False),
+    pa.field("partition_id", pa.uint32(), nullable=False),
+    pa.field("seq", pa.uint64(), nullable=False),
+    pa.field("ranges", pa.string(), nullable=False),  # JSON {topic: [first, last]}
+    pa.field("created_ns", pa.int64(), nullable=False),
+])
+
+SNAPSHOT_SCHEMA = pa.schema([
+    pa.field("consumer_group", pa.string(), nullable=False),
+    pa.field("partition_id", pa.uint32(), nullable=False),
+    pa.field("seq", pa.uint64(), nullable=False),  # the last cut it includes
+    pa.field("offsets", pa.string(), nullable=False),  # JSON {topic: next offset}
+    pa.field("state", pa.string(), nullable=False),  # base64 of zstd JSON
+    pa.field("created_ns", pa.int64(), nullable=False),
+])
 
 
 @dataclass(frozen=True)
@@ -56,6 +105,14 @@ class TableSpec:
     comment: str
     #: string columns stored as LowCardinality (enumerations and small name sets)
     low_cardinality: frozenset[str] = frozenset()
+    #: the event-time column (ns) whose UTC day partitions the table; None: one partition
+    partition_time: str | None = None
+    #: days after ingestion a row expires; None: kept
+    ttl_days: int | None = None
+    #: column -> codec, for columns that differ from the defaults of :func:`codec_for`
+    codecs: dict[str, str] = field(default_factory=dict)
+    #: more table settings
+    settings: dict[str, int] = field(default_factory=dict)
 
 
 def _enum_columns(kind: str) -> frozenset[str]:
@@ -63,35 +120,86 @@ def _enum_columns(kind: str) -> frozenset[str]:
 
 
 _NAMES = frozenset({"job", "node", "device", "peer_node"})
+_TIMES = frozenset({"t", "t_start", "t_end", "t_first_enter", "t_last_enter", "start_ns",
+                    "detected_ns", "end_ns", "reported_ns", "computed_ns", "updated_ns",
+                    "created_ns", "version"})
+_SEQUENCES = frozenset({"seq", "iteration", "step"})
+_SIZES = frozenset({"bytes", "send_count", "recv_count", "duration_max_ns", "duration_min_ns",
+                    "duration_ns", "members", "comm_size", "comm_rank", "rank", "gpu"})
+_TEXT = frozenset({"nodes", "comms", "extra", "result", "iterations", "ranges", "offsets",
+                   "state"})
+_CUMULATIVE = {"posted": "Delta, ZSTD(1)", "completed": "Delta, ZSTD(1)",
+               "bytes": "Delta, ZSTD(1)"}
+
+
+def codec_for(spec: TableSpec, f: pa.Field) -> str | None:
+    """The codec of column ``f`` of ``spec`` (None: ClickHouse's default, LZ4)."""
+    if f.name in spec.codecs:
+        return spec.codecs[f.name]
+    typ = f.type
+    if f.name in _TIMES and pa.types.is_integer(typ):
+        return "Delta, ZSTD(1)"
+    if f.name in _SEQUENCES and pa.types.is_integer(typ):
+        return "Delta, ZSTD(1)"
+    if f.name in _SIZES and pa.types.is_integer(typ):
+        return "T64, ZSTD(1)"
+    if f.name in _TEXT and pa.types.is_string(typ):
+        return "ZSTD(3)"
+    if pa.types.is_floating(typ):
+        return "ZSTD(1)"
+    return None
+
 
 #: Every table, in creation order.
 TABLES: tuple[TableSpec, ...] = (
     TableSpec("meta", events.SCHEMAS["meta"], "ReplacingMergeTree(t)", ("job",),
               "job descriptions; the row with the largest t wins",
               _enum_columns("meta") | {"job"}),
-    TableSpec("coll", events.SCHEMAS["coll"], "MergeTree", ("job", "comm", "seq", "rank"),
+    TableSpec("coll", events.SCHEMAS["coll"], "ReplacingMergeTree",
+              ("job", "comm", "seq", "rank", "phase"),
               "collective and point-to-point operations, enter and end rows",
-              _enum_columns("coll") | {"job"}),
-    TableSpec("progress", events.SCHEMAS["progress"], "MergeTree",
+              _enum_columns("coll") | {"job"}, "t", EVENT_TTL_DAYS),
+    TableSpec("progress", events.SCHEMAS["progress"], "ReplacingMergeTree",
               ("job", "comm", "seq", "rank", "t"), "in-flight progress samples",
-              frozenset({"job"})),
-    TableSpec("link", events.SCHEMAS["link"], "MergeTree", ("job", "node", "device", "t"),
-              "RDMA work-request counters", _NAMES),
-    TableSpec("gpu", events.SCHEMAS["gpu"], "MergeTree", ("job", "node", "gpu", "t"),
-              "device samples", frozenset({"job", "node"})),
-    TableSpec("span", events.SCHEMAS["span"], "MergeTree", ("job", "rank", "step", "t_start"),
-              "framework spans", _enum_columns("span") | {"job"}),
+              frozenset({"job"}), "t", EVENT_TTL_DAYS),
+    TableSpec("link", events.SCHEMAS["link"], "ReplacingMergeTree",
+              ("job", "node", "device", "peer_node", "rank", "t"),
+              "RDMA work-request counters", _NAMES, "t", EVENT_TTL_DAYS, dict(_CUMULATIVE),
+              {"allow_nullable_key": 1}),
+    TableSpec("gpu", events.SCHEMAS["gpu"], "ReplacingMergeTree", ("job", "node", "gpu", "t"),
+              "device samples", frozenset({"job", "node"}), "t", EVENT_TTL_DAYS),
+    TableSpec("span", events.SCHEMAS["span"], "ReplacingMergeTree",
+              ("job", "rank", "step", "microbatch", "chunk", "op", "t_start"),
+              "framework spans", _enum_columns("span") | {"job"}, "t_start", EVENT_TTL_DAYS),
     TableSpec("rounds", results.SCHEMAS["rounds"], "ReplacingMergeTree",
               ("job", "comm", "seq", "t_first_enter", "last_rank"),
-              "completed rounds (derived by the detectors)", frozenset({"job", "op"})),
+              "completed rounds (derived by the detectors)", frozenset({"job", "op"}),
+              "t_first_enter", DERIVED_TTL_DAYS),
     TableSpec("iterations", results.SCHEMAS["iterations"], "ReplacingMergeTree",
               ("job", "rank", "iteration"),
-              "training iterations per rank, rank -1 = the job (derived)", frozenset({"job"})),
+              "training iterations per rank, rank -1 = the job (derived)", frozenset({"job"}),
+              "t_start", DERIVED_TTL_DAYS),
     TableSpec("anomalies", ANOMALY_SCHEMA, "ReplacingMergeTree(version)", ("job", "id"),
               "one row per anomaly report; the largest version of (job, id) wins",
               frozenset({"job", "kind", "cause", "comm_kind", "stage"})),
+    TableSpec("whatif", WHATIF_SCHEMA, "ReplacingMergeTree(computed_ns)", ("job", "step"),
+              "what-if results (diagnosis.md whatif) of the recent steps of a job",
+              frozenset({"job"})),
+    TableSpec("diagnoses", DIAGNOSIS_SCHEMA, "ReplacingMergeTree(version)", ("job",),
+              "per job: the iterations summary of its diagnosis; the latest version wins",
+              frozenset({"job"})),
+    TableSpec("processor_cuts", CUT_SCHEMA, "ReplacingMergeTree",
+              ("consumer_group", "partition_id", "seq"),
+              "stream processor: input offset ranges of each sink write, logged before it",
+              frozenset({"consumer_group"}), None, CUTS_TTL_DAYS),
+    TableSpec("processor_snapshots", SNAPSHOT_SCHEMA, "ReplacingMergeTree(created_ns)",
+              ("consumer_group", "partition_id"),
+              "stream processor: detector state of the jobs of a partition and its offsets",
+              frozenset({"consumer_group"})),
 )
 SPECS: dict[str, TableSpec] = {s.name: s for s in TABLES}
+#: Tables the processor's sink writes to.
+DATA_TABLES = tuple(s.name for s in TABLES if not s.name.startswith("processor_"))
 
 _SCALARS: dict[pa.DataType, str] = {
     pa.int8(): "Int8", pa.int16(): "Int16", pa.int32(): "Int32", pa.int64(): "Int64",
@@ -118,17 +226,27 @@ def clickhouse_type(field: pa.Field, low_cardinality: bool = False) -> str:
 
 
 def create_table(spec: TableSpec, database: str) -> str:
-    width = max(len(f.name) for f in spec.schema)
-    cols = [f"    `{f.name}`{' ' * (width - len(f.name))} "
-            f"{clickhouse_type(f, f.name in spec.low_cardinality)}" for f in spec.schema]
+    width = max(len("ingested_at"), *(len(f.name) for f in spec.schema)) + 2
+    cols = []
+    for f in spec.schema:
+        codec = codec_for(spec, f)
+        typ = clickhouse_type(f, f.name in spec.low_cardinality)
+        cols.append(f"    {f'`{f.name}`':<{width}} {typ}"
+                    + (f" CODEC({codec})" if codec else ""))
     if "t" in spec.schema.names:  # readable time for dashboards; not stored
-        cols.append(f"    `time`{' ' * (width - 4)} DateTime64(9) ALIAS "
-                    "fromUnixTimestamp64Nano(t)")
-    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{spec.name}`\n(\n"
-            + ",\n".join(cols)
-            + f"\n)\nENGINE = {spec.engine}\nORDER BY ({', '.join(spec.order_by)})\n"
-            f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}\n"
-            f"COMMENT '{spec.comment}'")
+        cols.append(f"    {'`time`':<{width}} DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)")
+    cols.append(f"    {'`ingested_at`':<{width}} DateTime DEFAULT now() CODEC(Delta, ZSTD(1))")
+    text = (f"CREATE TABLE IF NOT EXISTS `{database}`.`{spec.name}`\n(\n"
+            + ",\n".join(cols) + f"\n)\nENGINE = {spec.engine}\n")
+    if spec.partition_time:
+        text += f"PARTITION BY toDate(fromUnixTimestamp64Nano({spec.partition_time}), 'UTC')\n"
+    text += f"ORDER BY ({', '.join(spec.order_by)})\n"
+    if spec.ttl_days:
+        text += f"TTL ingested_at + INTERVAL {spec.ttl_days} DAY\n"
+    settings = {"non_replicated_deduplication_window": DEDUP_WINDOW, **spec.settings}
+    text += "SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items()) + "\n"
+    comment = spec.comment.replace("\\", "\\\\").replace("'", "\\'")
+    return text + f"COMMENT '{comment}'"
 
 
 def ddl(database: str = DEFAULT_DATABASE) -> list[str]:
@@ -153,7 +271,11 @@ def schema_sql(database: str = DEFAULT_DATABASE) -> str:
 
 
 def default_data_dir() -> Path:
-    """``$XDG_DATA_HOME/failslow``, else ``~/.local/share/failslow``."""
+    """``$FAILSLOW_DATA_DIR``, else ``$XDG_DATA_HOME/failslow``, else
+    ``~/.local/share/failslow``."""
+    env = os.environ.get("FAILSLOW_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "failslow"
 
@@ -171,48 +293,136 @@ def connect(data_dir: str | Path | None = None, url: str | None = None) -> Any:
     return clickhouse_connect.get_client(interface="chdb", path=str(path / "clickhouse"))
 
 
+#: ClickHouse error codes that mean "not now": overload, timeouts, network, read-only.
+TRANSIENT_CODES = frozenset({3, 159, 164, 202, 203, 209, 210, 241, 242, 252, 279, 425, 999})
+_CODE = re.compile(r"Code: (\d+)")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` from clickhouse-connect means the store is unreachable, overloaded or
+    busy (retry later) rather than a request it will never accept."""
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+    if isinstance(exc, OperationalError | ConnectionError | TimeoutError | OSError):
+        return True
+    text = str(exc)
+    if "Unable to open the chdb engine" in text:  # another process holds the directory
+        return True
+    if isinstance(exc, DatabaseError):
+        m = _CODE.search(text)
+        return bool(m and int(m.group(1)) in TRANSIENT_CODES)
+    return False
+
+
+class Store:
+    """One ClickHouse database, connected on first use: ``client`` (already connected) or
+    ``connect`` (called, and called again after a failure, until it works). The schema is
+    created once connected (``create``). :meth:`run` maps "not now" failures to
+    :class:`~failslow.stream.sink.SinkBackpressureError`, so callers retry later."""
+
+    def __init__(self, client: Any = None, database: str = DEFAULT_DATABASE, *,
+                 connect: Callable[[], Any] | None = None, create: bool = True,
+                 retry_after: float = 1.0) -> None:
+        if client is None and connect is None:
+            raise ValueError("give a client or a connect function")
+        self.database = database
+        self._client = client
+        self._connect = connect
+        self._create = create
+        self._created = False
+        self.retry_after = retry_after
+        if client is not None and create:
+            self.create_schema()
+
+    @property
+    def client(self) -> Any:
+        """The connected client (connects if needed; raises on failure)."""
+        if self._client is None:
+            assert self._connect is not None
+            try:
+                self._client = self._connect()
+            except Exception as e:
+                if is_transient(e):
+                    raise SinkBackpressureError(self.retry_after,
+                                                f"ClickHouse unavailable: {e}") from e
+                raise
+            log.info("connected to ClickHouse (database %s)", self.database)
+        if self._create and not self._created:
+            self.create_schema()
+        return self._client
+
+    def create_schema(self) -> None:
+        for statement in ddl(self.database):
+            self._client.command(statement)
+        self._created = True
+
+    def run(self, fn: Callable[[Any], T]) -> T:
+        """``fn(client)``; transient failures raise SinkBackpressureError."""
+        client = self.client
+        try:
+            return fn(client)
+        except SinkBackpressureError:
+            raise
+        except Exception as e:
+            if is_transient(e):
+                raise SinkBackpressureError(self.retry_after, f"ClickHouse: {e}") from e
+            raise
+
+    def insert(self, name: str, table: pa.Table, token: str | None = None) -> None:
+        spec = SPECS.get(name)
+        if spec is None:
+            raise ValueError(f"no ClickHouse table for {name!r}")
+        if not table.num_rows:
+            return
+        settings = {"insert_deduplication_token": token} if token else None
+        data = select_schema(table, spec.schema)
+        self.run(lambda c: c.insert_arrow(f"`{self.database}`.`{name}`", data,
+                                          settings=settings))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
 # ---------------------------------------------------------------------------------------------
 # the sink
 
 
 class ClickHouseSink(Sink):
     """Writes the processor's tables into ClickHouse (one ``insert_arrow`` per table per
-    checkpoint) and reads them back. Creates the schema on construction."""
+    batch, with the batch's deduplication token) and reads them back. ``client`` is a
+    connected client (the schema is created at once unless ``create=False``), or pass
+    ``connect`` to connect on the first write and retry while the store is unavailable."""
 
-    def __init__(self, client: Any, database: str = DEFAULT_DATABASE,
-                 create: bool = True) -> None:
-        self.client = client
-        self.database = database
-        if create:
-            self.create_schema()
+    def __init__(self, client: Any = None, database: str = DEFAULT_DATABASE,
+                 create: bool = True, *, connect: Callable[[], Any] | None = None,
+                 store: Store | None = None) -> None:
+        self.store = store or Store(client, database, connect=connect, create=create)
+        self.database = self.store.database
+
+    @property
+    def client(self) -> Any:
+        return self.store.client
 
     def create_schema(self) -> None:
-        for statement in ddl(self.database):
-            self.client.command(statement)
+        _ = self.store.client
+        self.store.create_schema()
 
     def drop(self) -> None:
         """Drop the database (demo re-runs)."""
-        self.client.command(f"DROP DATABASE IF EXISTS `{self.database}`")
+        self.store.run(lambda c: c.command(f"DROP DATABASE IF EXISTS `{self.database}`"))
+        self.store._created = False
 
     def write(self, batch: SinkBatch) -> None:
-        from clickhouse_connect.driver.exceptions import OperationalError
-
-        for name, table in batch.tables.items():
-            spec = SPECS.get(name)
-            if spec is None:
+        for name in batch.tables:
+            if name not in SPECS:
                 raise ValueError(f"no ClickHouse table for {name!r}")
-            if not table.num_rows:
-                continue
-            settings = {"insert_deduplication_token": f"{batch.token}/{name}"} \
-                if batch.token else None
-            try:
-                self.client.insert_arrow(f"`{self.database}`.`{name}`",
-                                         select_schema(table, spec.schema), settings=settings)
-            except OperationalError as e:  # server unreachable or overloaded: retry later
-                raise SinkBackpressureError(1.0, f"ClickHouse: {e}") from e
+        for name, table in batch.tables.items():
+            self.store.insert(name, table, f"{batch.token}/{name}" if batch.token else None)
 
     def close(self) -> None:
-        self.client.close()
+        self.store.close()
 
     # reading back
 
@@ -223,9 +433,9 @@ class ClickHouseSink(Sink):
         fin = " FINAL" if final and "Replacing" in spec.engine else ""
         where = " WHERE job = {job:String}" if job is not None else ""
         order = f" ORDER BY {', '.join(spec.order_by)}"
-        result = self.client.query_arrow(
+        result = self.store.run(lambda c: c.query_arrow(
             f"SELECT {cols} FROM `{self.database}`.`{name}`{fin}{where}{order}",
-            parameters={"job": job} if job is not None else None)
+            parameters={"job": job} if job is not None else None))
         return select_schema(_plain_strings(result), spec.schema)
 
     def anomalies(self, job: str | None = None) -> list[tuple[str, Anomaly]]:
@@ -233,12 +443,44 @@ class ClickHouseSink(Sink):
         rows = anomalies_from_table(self.read("anomalies", job))
         return sorted(rows, key=lambda ja: (ja[0], ja[1].start_ns or 0, ja[1].id))
 
-    def count(self, name: str, job: str | None = None) -> int:
+    def count(self, name: str, job: str | None = None, final: bool = False) -> int:
+        """Rows of ``name`` (of one job); ``final`` counts rows after collapsing duplicates."""
         where = " WHERE job = {job:String}" if job is not None else ""
-        rows = self.client.query(f"SELECT count() FROM `{self.database}`.`{name}`{where}",
-                                 parameters={"job": job} if job is not None else None
-                                 ).result_rows
+        fin = " FINAL" if final and "Replacing" in SPECS[name].engine else ""
+        rows = self.store.run(lambda c: c.query(
+            f"SELECT count() FROM `{self.database}`.`{name}`{fin}{where}",
+            parameters={"job": job} if job is not None else None).result_rows)
         return int(rows[0][0])
+
+    def jobs(self) -> list[str]:
+        """Jobs with a description (``meta``) or anomalies in the store."""
+        rows = self.store.run(lambda c: c.query(
+            f"SELECT DISTINCT job FROM (SELECT job FROM `{self.database}`.`meta` UNION ALL "
+            f"SELECT job FROM `{self.database}`.`anomalies`) ORDER BY job").result_rows)
+        return [str(r[0]) for r in rows]
+
+    def diagnosis(self, job: str) -> Diagnosis:
+        """What the store holds for ``job`` in diagnosis.md's shape: the latest report of
+        every anomaly, the latest iterations summary and the latest what-if result."""
+        anomalies = [a for _, a in self.anomalies(job)]
+        summary = self.read("diagnoses", job).to_pylist()
+        iterations = json.loads(summary[-1]["iterations"]) if summary else None
+        if iterations is None:
+            iterations = self._iterations_from_rows(job)
+        whatif_rows = self.read("whatif", job).to_pylist()
+        whatif = json.loads(whatif_rows[-1]["result"]) if whatif_rows else None
+        return Diagnosis(job=job, iterations=iterations or None, anomalies=anomalies,
+                         whatif=whatif)
+
+    def _iterations_from_rows(self, job: str) -> dict[str, Any] | None:
+        rows = self.store.run(lambda c: c.query(
+            f"SELECT count(), median(duration_ns) FROM `{self.database}`.`iterations` FINAL "
+            "WHERE job = {job:String} AND rank = -1", parameters={"job": job}).result_rows)
+        count, median = rows[0]
+        if not count:
+            return None
+        return {"period_ops": None, "median_s": round(float(median) / 1e9, 6),
+                "count": int(count)}
 
 
 def _plain_strings(table: pa.Table) -> pa.Table:
@@ -249,10 +491,66 @@ def _plain_strings(table: pa.Table) -> pa.Table:
         if pa.types.is_dictionary(typ):
             col = col.cast(typ.value_type)
             typ = col.type
-        if pa.types.is_large_string(typ):
+        if pa.types.is_large_string(typ) or pa.types.is_binary(typ) \
+                or pa.types.is_large_binary(typ):
             col = col.cast(pa.string())
         cols.append(col)
     return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+# ---------------------------------------------------------------------------------------------
+# the processor's checkpoints
+
+
+class ClickHouseStateStore(StateStore):
+    """Cuts and snapshots (:mod:`failslow.stream.state`) in the tables ``processor_cuts``
+    and ``processor_snapshots`` of the sink's database, so a processor keeps no local state
+    (a container can be replaced) and its checkpoints live as long as the data."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _table(self, name: str) -> str:
+        return f"`{self.store.database}`.`{name}`"
+
+    def load(self, group: str, partition: int) -> tuple[PartitionSnapshot | None, list[Cut]]:
+        params = {"g": group, "p": int(partition)}
+        snaps = self.store.run(lambda c: c.query(
+            f"SELECT seq, offsets, state, created_ns FROM {self._table('processor_snapshots')}"
+            " WHERE consumer_group = {g:String} AND partition_id = {p:UInt32}"
+            " ORDER BY created_ns DESC LIMIT 1", parameters=params).result_rows)
+        snap = None
+        after = -1
+        if snaps:
+            seq, offsets, state, created = snaps[0]
+            snap = PartitionSnapshot(int(partition), int(seq),
+                                     {str(k): int(v) for k, v in json.loads(offsets).items()},
+                                     unpack_text(state), int(created))
+            after = int(seq)
+        rows = self.store.run(lambda c: c.query(
+            f"SELECT DISTINCT seq, ranges, created_ns FROM {self._table('processor_cuts')}"
+            " WHERE consumer_group = {g:String} AND partition_id = {p:UInt32} AND seq > {s:Int64}"
+            " ORDER BY seq", parameters={**params, "s": after}).result_rows)
+        cuts = [Cut(int(partition), int(seq),
+                    {str(t): (int(r[0]), int(r[1])) for t, r in json.loads(ranges).items()},
+                    int(created)) for seq, ranges, created in rows]
+        return snap, cuts
+
+    def log_cuts(self, group: str, cuts: Iterable[Cut]) -> None:
+        rows = [{"consumer_group": group, "partition_id": c.partition, "seq": c.seq,
+                 "ranges": json.dumps({t: list(r) for t, r in sorted(c.ranges.items())}),
+                 "created_ns": c.created_ns or time.time_ns()} for c in cuts]
+        if rows:
+            self.store.insert("processor_cuts", pa.Table.from_pylist(rows, schema=CUT_SCHEMA))
+
+    def save_snapshots(self, group: str, snapshots: Iterable[PartitionSnapshot]) -> None:
+        rows = [{"consumer_group": group, "partition_id": s.partition, "seq": s.seq,
+                 "offsets": json.dumps(dict(sorted(s.offsets.items()))),
+                 "state": pack_text(s.state), "created_ns": s.created_ns or time.time_ns()}
+                for s in snapshots]
+        if rows:
+            self.store.insert("processor_snapshots",
+                              pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

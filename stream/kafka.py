@@ -8,9 +8,13 @@ pipeline of the design (README, Architecture; events.md "Record kinds") requires
 
 The producer side must never stall a training job's node agent:
 
-- records are batched by size and time (``batch_size``, ``linger_ms``) and compressed (lz4
-  when the lz4 package is there, else gzip), with ``acks="all"`` and idempotent retries, so a
-  broker restart loses nothing that was acknowledged;
+- records are batched by size and time (``batch_size``, ``linger_ms``) and compressed: the
+  Arrow IPC buffers with zstd (``ipc_compression``, done in Arrow's C++ code, about 6x
+  smaller than plain IPC), else by Kafka (lz4 when the lz4 package is there, else gzip);
+  ``acks="all"`` and idempotent retries, so a broker restart loses nothing that was
+  acknowledged. Kafka's record batches carry CRC-32C checksums: install the ``crc32c``
+  package (part of the ``kafka`` extra), without it kafka-python computes them in pure
+  Python at about 5 MB/s;
 - memory is bounded: at most ``buffer_memory`` bytes of messages wait for acknowledgement.
   When that is full, ``on_full="drop"`` drops the message at once and counts it;
   ``on_full="block"`` waits up to ``max_block_ms`` for room first. The same holds while the
@@ -18,13 +22,20 @@ The producer side must never stall a training job's node agent:
 - :meth:`KafkaTransport.stats` counts sent, dropped and failed messages.
 
 The consumer side (created on the first :meth:`~KafkaTransport.poll`) never commits by itself:
-:meth:`~KafkaTransport.commit` commits the position after everything polled so far.
+:meth:`~KafkaTransport.commit` commits the position after everything polled so far, or the
+offsets given. Partitions are assigned with the range assignor, so a consumer owns the same
+partition number of every topic (all topics have the same partition count, messages are
+keyed by job); :meth:`~KafkaTransport.set_listener` reports assignments as partition
+numbers, :meth:`~KafkaTransport.seek` moves a position, :meth:`~KafkaTransport.pause` stops
+fetching while the consumer keeps polling (and so keeps its group membership) when the
+processor's sink pushes back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +47,7 @@ from failslow.stream.transport import (
     ANOMALIES_TOPIC,
     DEADLETTER_TOPIC,
     EVENT_TOPICS,
+    AssignmentListener,
     Message,
     Transport,
     encode,
@@ -59,6 +71,25 @@ def _compression() -> str:
     return "lz4" if has_lz4() else "gzip"
 
 
+def has_fast_crc() -> bool:
+    """Whether kafka-python checksums record batches in C (the ``crc32c`` package)."""
+    try:
+        from kafka.record import util
+    except ImportError:  # pragma: no cover - kafka-python is part of the kafka extra
+        return False
+    return getattr(util, "crc32c_c", None) is not None
+
+
+#: Retention of the topics this transport creates (the processor is minutes behind at most;
+#: anomaly reports and dead letters are kept longer for whoever reads them).
+TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    "events": {"retention.ms": str(3 * 24 * 3600 * 1000), "max.message.bytes": str(8 << 20)},
+    ANOMALIES_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000)},
+    DEADLETTER_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000),
+                       "max.message.bytes": str(8 << 20)},
+}
+
+
 class KafkaTransport(Transport):
     """Publish to and consume from Kafka topics.
 
@@ -79,11 +110,14 @@ class KafkaTransport(Transport):
                  topic_prefix: str = "", partitions: int = 4, create_topics: bool = True,
                  client_id: str = "failslow", linger_ms: int = 50,
                  batch_size: int = 512 * 1024, compression: str | None = "auto",
+                 ipc_compression: str | None = "zstd",
                  buffer_memory: int = 32 * 1024 * 1024, max_block_ms: int = 1000,
                  on_full: str = "drop", delivery_timeout_ms: int = 120_000,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  auto_offset_reset: str = "earliest", connect_timeout_ms: int = 10_000,
-                 commit_flush_timeout: float = 30.0, produce: bool = True) -> None:
+                 commit_flush_timeout: float = 30.0, produce: bool = True,
+                 max_poll_interval_ms: int = 300_000, session_timeout_ms: int = 10_000,
+                 check_crcs: bool | None = None) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', not {on_full!r}")
         if bootstrap_servers is None:
@@ -92,6 +126,7 @@ class KafkaTransport(Transport):
             bootstrap_servers = default_servers()
         self.bootstrap_servers = bootstrap_servers
         self.group_id = group_id
+        self.group = group_id
         self.topic_prefix = topic_prefix
         self.partitions = partitions
         self.max_message_bytes = max_message_bytes
@@ -99,6 +134,25 @@ class KafkaTransport(Transport):
         self.max_block_ms = max_block_ms
         self.on_full = on_full
         self._subscribed = tuple(subscribe)
+        self.ipc_compression = ipc_compression
+        if compression == "auto":
+            compression = None if ipc_compression else _compression()
+        if not has_fast_crc():
+            log.warning("the crc32c package is missing: Kafka checksums are computed in pure "
+                        "Python (slow); pip install crc32c")
+        self._consumer_config: dict[str, Any] = {
+            "max_poll_interval_ms": max_poll_interval_ms,
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": max(100, session_timeout_ms // 3),
+            "check_crcs": has_fast_crc() if check_crcs is None else check_crcs,
+        }
+        self._listener: AssignmentListener | None = None
+        self._paused = False
+        self._changes: queue.SimpleQueue[tuple[str, set[int], threading.Event | None]] = \
+            queue.SimpleQueue()
+        self._closing = False
+        #: How long a revocation waits for the polling thread to let go of the partitions.
+        self.revoke_timeout = 120.0
         self._create_topics = create_topics
         self._client_id = client_id
         self._auto_offset_reset = auto_offset_reset
@@ -108,7 +162,7 @@ class KafkaTransport(Transport):
             "bootstrap_servers": bootstrap_servers, "client_id": f"{client_id}-producer",
             "acks": "all", "enable_idempotence": True, "linger_ms": linger_ms,
             "batch_size": batch_size,
-            "compression_type": _compression() if compression == "auto" else compression,
+            "compression_type": compression,
             "max_block_ms": max_block_ms, "delivery_timeout_ms": delivery_timeout_ms,
             "request_timeout_ms": min(30_000, delivery_timeout_ms),
             "retry_backoff_ms": 100, "reconnect_backoff_max_ms": 1000,
@@ -158,13 +212,35 @@ class KafkaTransport(Transport):
             existing = set(admin.list_topics())
             missing = [self.kafka_topic(t) for t in topics if self.kafka_topic(t) not in existing]
             if missing:
-                spec = {name: {"num_partitions": self.partitions, "replication_factor": 1}
-                        for name in missing}
+                spec = {}
+                for name in missing:
+                    logical = self._logical(name)
+                    configs = TOPIC_CONFIGS.get(logical, TOPIC_CONFIGS["events"]
+                                                if kind_of(logical) else {})
+                    spec[name] = {"num_partitions": self.partitions, "replication_factor": 1,
+                                  "topic_configs": dict(configs)}
                 with contextlib.suppress(TopicAlreadyExistsError):  # created concurrently
                     admin.create_topics(spec, wait_for_metadata=True)
+                self._wait_for_leaders(admin, missing)
             return missing
         finally:
             admin.close()
+
+    @staticmethod
+    def _wait_for_leaders(admin: Any, names: list[str], timeout: float = 10.0) -> None:
+        """Until every partition of the new topics has a leader (else the first messages
+        fail with NotLeaderForPartition and are retried)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                described = admin.describe_topics(names)
+                if all(t.get("error_code", 0) == 0 and t.get("partitions") and all(
+                        p.get("leader_id", -1) >= 0 for p in t["partitions"])
+                       for t in described):
+                    return
+            except Exception as e:  # noqa: BLE001 - not ready yet
+                log.debug("waiting for topic leaders: %s", e)
+            time.sleep(0.1)
 
     def _topics_once(self) -> None:
         if not self._create_topics:
@@ -276,19 +352,20 @@ class KafkaTransport(Transport):
         log.warning("kafka delivery failed: %s", exc)
         self._release(size, "errors", f"delivery: {exc}")
 
-    def publish(self, topic: str, key: str, table: pa.Table) -> int:
+    def publish(self, topic: str, key: str, table: pa.Table,
+                headers: Mapping[str, str] | None = None) -> int:
         """Publish ``table`` as one message, or as several row slices when its encoding is
         larger than ``max_message_bytes``; returns -1."""
         kind = kind_of(topic)
         if kind is None:
             raise ValueError(f"{topic!r} is not an event topic")
-        headers = event_headers(kind)
+        headers = {**event_headers(kind), **(headers or {})}
         for value in self._encode_split(kind, table):
             self.produce(topic, key, value, headers)
         return -1
 
     def _encode_split(self, kind: str, table: pa.Table) -> list[bytes]:
-        value = encode(kind, table)
+        value = encode(kind, table, self.ipc_compression)
         if len(value) <= self.max_message_bytes or table.num_rows <= 1:
             return [value]
         parts = -(-len(value) // self.max_message_bytes) + 1
@@ -330,6 +407,7 @@ class KafkaTransport(Transport):
         if self._consumer is not None:
             return self._consumer
         from kafka import KafkaConsumer
+        from kafka.coordinator.assignors.range import RangePartitionAssignor
 
         try:
             self._topics_once()
@@ -338,14 +416,90 @@ class KafkaTransport(Transport):
                 client_id=f"{self._client_id}-consumer", enable_auto_commit=False,
                 auto_offset_reset=self._auto_offset_reset,
                 bootstrap_timeout_ms=max(1000, timeout_ms),
-                reconnect_backoff_max_ms=1000, fetch_max_wait_ms=100)
+                reconnect_backoff_max_ms=1000, fetch_max_wait_ms=100,
+                max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
+                partition_assignment_strategy=[RangePartitionAssignor],
+                **self._consumer_config)
         except Exception as e:  # noqa: BLE001 - broker not there: poll returns nothing
             self._note_error(f"consumer: {e}")
             log.warning("kafka consumer cannot connect to %s: %s", self.bootstrap_servers, e)
             return None
-        consumer.subscribe([self.kafka_topic(t) for t in self._subscribed])
+        consumer.subscribe([self.kafka_topic(t) for t in self._subscribed],
+                           listener=self._rebalance_listener())
         self._consumer = consumer
         return consumer
+
+    def _rebalance_listener(self) -> Any:
+        """kafka-python 3 calls rebalance listeners on its network thread, where nothing
+        may block on the consumer. So the listener only queues the change; the thread that
+        polls hands it to :meth:`set_listener`'s listener (which may write and commit), and
+        a revocation waits, without blocking the network thread, until that is done: the
+        next owner of a partition starts after this consumer stopped writing for it."""
+        from kafka import AsyncConsumerRebalanceListener
+
+        try:
+            from kafka.net.selector import KernelEvent
+        except ImportError:  # pragma: no cover - another kafka-python layout
+            KernelEvent = None  # noqa: N806
+
+        transport = self
+
+        class Listener(AsyncConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                numbers = {int(tp.partition) for tp in revoked}
+                log.info("kafka partitions revoked: %s", sorted(numbers))
+                if not numbers or transport._listener is None or transport._closing:
+                    return
+                done = threading.Event()
+                transport._changes.put(("revoked", numbers, done))
+                deadline = time.monotonic() + transport.revoke_timeout
+                while (KernelEvent is not None and not done.is_set()
+                       and not transport._closing and time.monotonic() < deadline):
+                    await KernelEvent("_sleep", 0.02)
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                numbers = {int(tp.partition) for tp in assigned}
+                log.info("kafka partitions assigned: %s", sorted(numbers))
+                if transport._paused and transport._consumer is not None:
+                    transport._consumer.pause(*assigned)  # stay paused across a rebalance
+                if numbers:
+                    transport._changes.put(("assigned", numbers, None))
+
+        return Listener()
+
+    def _dispatch_changes(self) -> set[int]:
+        """Hand queued assignment changes to the listener (on the polling thread); returns
+        the partition numbers revoked and not assigned again."""
+        gone: set[int] = set()
+        while True:
+            try:
+                what, numbers, done = self._changes.get_nowait()
+            except queue.Empty:
+                return gone
+            listener = self._listener
+            try:
+                if listener is not None:
+                    if what == "revoked":
+                        listener.on_revoked(numbers)
+                    else:
+                        listener.on_assigned(numbers)
+            except Exception:  # noqa: BLE001 - the rebalance must go on
+                log.exception("the assignment listener failed on %s %s", what, sorted(numbers))
+            finally:
+                if done is not None:
+                    done.set()
+            if what == "revoked":
+                gone |= numbers
+            else:
+                gone -= numbers
+
+    def set_listener(self, listener: AssignmentListener | None) -> None:
+        self._listener = listener
+
+    def _tp(self, topic: str, partition: int) -> Any:
+        from kafka import TopicPartition
+
+        return TopicPartition(self.kafka_topic(topic), int(partition))
 
     def poll(self, max_messages: int = 100, timeout: float = 0.0) -> list[Message]:
         """Up to ``max_messages`` messages of the subscribed topics (joining the consumer
@@ -356,10 +510,14 @@ class KafkaTransport(Transport):
         consumer = self._consumer_or_none(int(timeout * 1000))
         if consumer is None:
             return []
+        self._dispatch_changes()
         left_ms = max(0, int((timeout - (time.monotonic() - started)) * 1000))
         records = consumer.poll(timeout_ms=left_ms, max_records=max_messages)
+        gone = self._dispatch_changes()
         out: list[Message] = []
         for tp, batch in records.items():
+            if tp.partition in gone:  # revoked meanwhile: the next owner reads them
+                continue
             topic = self._logical(tp.topic)
             for r in batch:
                 key = r.key.decode(errors="replace") if r.key is not None else ""
@@ -372,8 +530,83 @@ class KafkaTransport(Transport):
             self._counts["polled"] += len(out)
         return out
 
-    def commit(self) -> None:
-        """Commit the position after every message polled so far (synchronously).
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        if self._consumer is None:
+            raise RuntimeError("the consumer has not joined its group yet")
+        self._consumer.seek(self._tp(topic, partition), int(offset))
+
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        consumer = self._consumer_or_none(self._connect_timeout_ms)
+        if consumer is None:
+            return None
+        offset = consumer.committed(self._tp(topic, partition),
+                                    timeout_ms=self._connect_timeout_ms)
+        return None if offset is None else int(offset)
+
+    def pause(self) -> None:
+        self._paused = True
+        if self._consumer is not None:
+            self._consumer.pause(*self._consumer.assignment())
+
+    def resume(self) -> None:
+        self._paused = False
+        if self._consumer is not None:
+            self._consumer.resume(*self._consumer.paused())
+
+    def lag(self) -> int | None:
+        """Messages after this consumer's positions in its assigned partitions (asks the
+        broker for the end offsets); None before the consumer joined or on error."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        try:
+            assigned = list(consumer.assignment())
+            if not assigned:
+                return 0
+            ends = consumer.end_offsets(assigned, timeout_ms=2000)
+            total = 0
+            for tp in assigned:
+                position = consumer.position(tp, timeout_ms=2000)
+                if position is not None and tp in ends:
+                    total += max(0, int(ends[tp]) - int(position))
+            return total
+        except Exception as e:  # noqa: BLE001 - metrics only
+            log.debug("kafka lag unknown: %s", e)
+            return None
+
+    def caught_up(self, partition: int) -> bool | None:
+        """Whether the position of every assigned topic of ``partition`` has reached the
+        high-water mark of the last fetch response, with the partition's leader connected
+        (no network round trip; a broker that is down is no evidence that the job is
+        silent); None before the first fetch."""
+        consumer = self._consumer
+        if consumer is None:
+            return None
+        try:
+            states = consumer._subscription.assignment  # kafka-python's own bookkeeping
+            mine = [(tp, st) for tp, st in states.items() if tp.partition == partition]
+            if not mine:
+                return None
+            client = consumer._client
+            for tp, st in mine:
+                # an unreachable leader tells nothing about the job: not caught up
+                leader = client.cluster.leader_for_partition(tp)
+                if leader is None or leader < 0 or not client.connected(leader):
+                    return False
+                highwater = st.highwater
+                position = getattr(st, "position", None)
+                if highwater is None or position is None:
+                    return None
+                offset = getattr(position, "offset", position)
+                if int(offset) < int(highwater):
+                    return False
+            return True
+        except Exception:  # noqa: BLE001 - internals changed: unknown
+            return None
+
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` (``(logical topic, partition) -> next offset``), or the position
+        after every message polled so far (synchronously).
 
         Messages this transport produced before (the processor's anomaly reports, dead
         letters) are flushed first, so an input is committed only after the outputs derived
@@ -383,7 +616,8 @@ class KafkaTransport(Transport):
         (at-least-once)."""
         if self._consumer is None:
             return
-        from kafka.errors import CommitFailedError
+        from kafka.errors import CommitFailedError, KafkaError
+        from kafka.structs import OffsetAndMetadata
 
         if self._producer is not None and not self.flush(self.commit_flush_timeout):
             log.warning("kafka commit skipped: produced messages not acknowledged within "
@@ -392,11 +626,16 @@ class KafkaTransport(Transport):
                 self._counts["commit_errors"] += 1
                 self._last_error = "commit: produced messages not acknowledged"
             return
-
+        explicit = None
+        if offsets is not None:
+            if not offsets:
+                return
+            explicit = {self._tp(t, p): OffsetAndMetadata(int(o), "", -1)
+                        for (t, p), o in offsets.items()}
         try:
-            self._consumer.commit()
-        except CommitFailedError as e:
-            log.warning("kafka commit refused (group rebalanced): %s", e)
+            self._consumer.commit(explicit, timeout_ms=int(self.commit_flush_timeout * 1000))
+        except (CommitFailedError, KafkaError) as e:
+            log.warning("kafka commit refused: %s", e)
             with self._lock:
                 self._counts["commit_errors"] += 1
                 self._last_error = f"commit: {e}"
@@ -427,6 +666,7 @@ class KafkaTransport(Transport):
         Does not commit."""
         if self._closed.is_set():
             return
+        self._closing = True
         self.flush(timeout)
         self._closed.set()
         with self._lock:

@@ -11,6 +11,13 @@ consuming, waits ``retry_after`` seconds and offers the *same* batch again (same
 The anomalies table holds one row per anomaly *report* (diagnosis.md: a stream processor
 stores one anomaly per row); a detector reports an anomaly when it opens and again, same id,
 when it ends, so rows carry a ``version`` and the latest version of a (job, id) wins.
+Versions are derived from the job's event time (the largest event time seen when the report
+was made, at least one more than the job's previous version), so a processor that replays
+the same input after a restart gives a report the same version again.
+
+Two more records complete diagnosis.md's shape in the store: ``whatif`` (one row per
+what-if result of a job, diagnosis.md ``whatif``) and ``diagnoses`` (one row per job and
+checkpoint with the ``iterations`` summary; the latest version wins).
 """
 
 from __future__ import annotations
@@ -47,6 +54,50 @@ ANOMALY_SCHEMA = pa.schema([
     pa.field("extra", pa.string(), nullable=False),  # JSON object of the unknown fields
     pa.field("reported_ns", pa.int64(), nullable=False),  # wall time of the report
 ])
+
+
+#: One row per what-if result (the diagnosis ``whatif`` object of the job's recent steps).
+WHATIF_SCHEMA = pa.schema([
+    pa.field("job", pa.string(), nullable=False),
+    pa.field("step", pa.int64(), nullable=False),  # the last completed step it covers
+    pa.field("computed_ns", pa.int64(), nullable=False),  # the job's event time then
+    pa.field("slowdown", pa.float64(), nullable=True),
+    pa.field("result", pa.string(), nullable=False),  # JSON of the whatif object
+    pa.field("reported_ns", pa.int64(), nullable=False),
+])
+
+#: One row per job and checkpoint: the diagnosis' ``iterations`` summary (JSON) so far.
+DIAGNOSIS_SCHEMA = pa.schema([
+    pa.field("job", pa.string(), nullable=False),
+    pa.field("version", pa.uint64(), nullable=False),
+    pa.field("iterations", pa.string(), nullable=False),
+    pa.field("anomalies", pa.uint32(), nullable=False),  # how many anomalies so far
+    pa.field("updated_ns", pa.int64(), nullable=False),
+])
+
+
+def whatif_table(rows: Iterable[tuple[str, int, int, dict[str, Any], int]]) -> pa.Table:
+    """``(job, step, computed_ns, result, reported_ns)`` tuples as a :data:`WHATIF_SCHEMA`
+    table."""
+    out: list[dict[str, Any]] = []
+    for job, step, computed_ns, result, reported_ns in rows:
+        slowdown = result.get("slowdown") if isinstance(result, dict) else None
+        out.append({"job": job, "step": int(step), "computed_ns": int(computed_ns),
+                    "slowdown": _float(slowdown) if isinstance(slowdown, int | float) else None,
+                    "result": json.dumps(result, default=_json_default, sort_keys=True),
+                    "reported_ns": int(reported_ns)})
+    return pa.Table.from_pylist(out, schema=WHATIF_SCHEMA)
+
+
+def diagnoses_table(rows: Iterable[tuple[str, int, dict[str, Any] | None, int, int]]
+                    ) -> pa.Table:
+    """``(job, version, iterations summary, anomaly count, updated_ns)`` tuples as a
+    :data:`DIAGNOSIS_SCHEMA` table."""
+    out = [{"job": job, "version": int(version),
+            "iterations": json.dumps(summary or {}, default=_json_default, sort_keys=True),
+            "anomalies": int(count), "updated_ns": int(updated)}
+           for job, version, summary, count, updated in rows]
+    return pa.Table.from_pylist(out, schema=DIAGNOSIS_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -107,8 +158,11 @@ def _json_default(value: Any) -> Any:
 @dataclass
 class SinkBatch:
     """What one checkpoint writes: tables by destination name (an event kind, ``rounds``,
-    ``iterations`` or ``anomalies``), each with that destination's schema, and a token that
-    is the same when the same batch is offered again."""
+    ``iterations``, ``anomalies``, ``whatif`` or ``diagnoses``), each with that
+    destination's schema, and a token that is the same when the same batch is offered
+    again: the same input (consumer group, partition, offset ranges) gives the same token,
+    also in a processor restarted after a crash, so a sink can drop a batch it already
+    stored."""
 
     tables: dict[str, pa.Table] = field(default_factory=dict)
     token: str = ""

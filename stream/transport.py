@@ -17,9 +17,9 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -43,6 +43,9 @@ H_ERROR_CLASS = "failslow-error-class"
 H_SOURCE_TOPIC = "failslow-source-topic"
 H_SOURCE_OFFSET = "failslow-source-offset"
 H_SOURCE_PARTITION = "failslow-source-partition"
+#: Optional on event messages: every row of this kind of this job with a time up to this
+#: value (ns) has been published, so a consumer need not wait for more of it.
+H_WATERMARK = "failslow-watermark"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 
@@ -163,13 +166,27 @@ def decode_anomaly(message: Message) -> tuple[str, int, Anomaly]:
 # the contract
 
 
+class AssignmentListener(Protocol):
+    """Told which partition numbers a consumer owns. A partition number stands for that
+    partition of every subscribed topic: all topics have the same partition count and
+    messages are keyed by job, so one job's messages of every kind share one number."""
+
+    def on_assigned(self, partitions: set[int]) -> None: ...
+
+    def on_revoked(self, partitions: set[int]) -> None: ...
+
+
 class Transport(ABC):
     """Publish to topics; consume the subscribed topics with committed positions.
 
     ``poll`` returns messages after the consumer's position and advances it; ``commit``
-    makes the position of everything polled so far durable. After a restart a consumer
-    resumes at the committed position, so messages polled but not committed are delivered
-    again (at-least-once)."""
+    makes a position durable. After a restart a consumer resumes at the committed position,
+    so messages polled but not committed are delivered again (at-least-once). A consumer
+    may also keep its positions elsewhere (the processor's checkpoints) and :meth:`seek` to
+    them when a partition is assigned to it (:meth:`set_listener`)."""
+
+    #: The consumer group (checkpoints are kept per group and partition).
+    group: str = "failslow"
 
     @abstractmethod
     def produce(self, topic: str, key: str, value: bytes,
@@ -182,31 +199,80 @@ class Transport(ABC):
         ``timeout`` seconds for the first one."""
 
     @abstractmethod
-    def commit(self) -> None:
-        """Commit the position after the last polled message."""
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` (``(topic, partition) -> next offset to read``), or the
+        position after the last polled message of every partition."""
 
     @abstractmethod
     def close(self) -> None:
         """Release the transport."""
 
-    def publish(self, topic: str, key: str, table: pa.Table) -> int:
-        """Publish ``table`` (one job's rows of the kind of ``topic``) as one message."""
+    # optional consumer controls (the in-process and Kafka transports implement them)
+
+    def set_listener(self, listener: AssignmentListener | None) -> None:
+        """Call ``listener`` when partitions are assigned to or revoked from this consumer
+        (from within :meth:`poll`, before messages of a newly assigned partition)."""
+        self._listener = listener
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Make the next :meth:`poll` of ``(topic, partition)`` start at ``offset``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot seek")
+
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        """The committed position of ``(topic, partition)`` (None: nothing committed)."""
+        return None
+
+    def pause(self) -> None:  # noqa: B027 - optional
+        """Stop fetching: :meth:`poll` returns nothing (but keeps the consumer alive in its
+        group) until :meth:`resume`."""
+
+    def resume(self) -> None:  # noqa: B027 - optional
+        """Undo :meth:`pause`."""
+
+    def lag(self) -> int | None:
+        """Messages published to the assigned partitions after this consumer's position
+        (None: unknown)."""
+        return None
+
+    def caught_up(self, partition: int) -> bool | None:
+        """Whether this consumer has read every subscribed topic of ``partition`` to its end
+        as far as it knows (None: unknown)."""
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """Producer and consumer counters (``sent``, ``dropped``, ``errors``, ...)."""
+        return {}
+
+    def publish(self, topic: str, key: str, table: pa.Table,
+                headers: Mapping[str, str] | None = None) -> int:
+        """Publish ``table`` (one job's rows of the kind of ``topic``) as one message, with
+        ``headers`` besides the event headers."""
         kind = kind_of(topic)
         if kind is None:
             raise ValueError(f"{topic!r} is not an event topic")
-        return self.produce(topic, key, encode(kind, table), event_headers(kind))
+        return self.produce(topic, key, encode(kind, table),
+                            {**event_headers(kind), **(headers or {})})
 
     def publish_meta(self, meta: JobMeta) -> int:
         return self.publish(topic_for("meta"), meta.job,
                             events.from_rows("meta", [meta.to_row()]))
 
-    def publish_batch(self, job: str, batch: Mapping[str, pa.Table]) -> int:
-        """Publish one message per non-empty kind of ``batch``; returns how many."""
+    def publish_batch(self, job: str, batch: Mapping[str, pa.Table],
+                      watermark: int | None = None, kinds: Iterable[str] = ()) -> int:
+        """Publish one message per non-empty kind of ``batch``; returns how many. With
+        ``watermark`` (ns), each carries the ``failslow-watermark`` header, and each of
+        ``kinds`` without rows in ``batch`` gets an empty message with it (the kind has
+        nothing up to that time), so a consumer does not wait for it."""
         n = 0
+        also = set(kinds)
+        headers = {H_WATERMARK: str(int(watermark))} if watermark is not None else None
         for kind in events.KINDS:
             table = batch.get(kind)
             if table is not None and table.num_rows:
-                self.publish(topic_for(kind), job, table)
+                self.publish(topic_for(kind), job, table, headers)
+                n += 1
+            elif headers is not None and kind in also and kind != "meta":
+                self.publish(topic_for(kind), job, events.empty(kind), headers)
                 n += 1
         return n
 
@@ -218,26 +284,30 @@ class Transport(ABC):
 
 
 class InProcessTransport(Transport):
-    """An embedded broker: every topic is an in-memory log, one consumer reads the subscribed
-    topics in publication order. Thread-safe; ``poll`` waits on a condition variable.
+    """An embedded broker: every topic is an in-memory log with one partition (0); one
+    consumer reads the subscribed topics in publication order. Thread-safe; ``poll`` waits on
+    a condition variable.
 
     ``keep_committed=False`` drops committed messages (bounded memory for long replays);
     with the default they stay readable through :meth:`messages`.
     """
 
+    group = "inprocess"
+
     def __init__(self, subscribe: Iterable[str] = EVENT_TOPICS,
                  keep_committed: bool = True) -> None:
-        self._subscribed = frozenset(subscribe)
+        self._subscribed = tuple(dict.fromkeys(subscribe))
         self._keep = keep_committed
-        self._log: deque[Message] = deque()  # all topics, publication order
-        self._base = 0  # global index of self._log[0]
-        self._next_offset: dict[str, int] = {}
-        self._cursor = 0  # global index of the next message to consider
-        self._committed_cursor = 0
+        self._logs: dict[str, list[tuple[int, Message]]] = {}  # topic -> (global seq, message)
+        self._base: dict[str, int] = {}  # topic -> offset of the first retained message
+        self._seq = 0
         self._position: dict[str, int] = {}  # topic -> next offset to deliver
         self._committed: dict[str, int] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._paused = False
+        self._listener: AssignmentListener | None = None
+        self._assigned = False
 
     # producer side
 
@@ -246,53 +316,102 @@ class InProcessTransport(Transport):
         with self._cond:
             if self._closed:
                 raise RuntimeError("transport is closed")
-            offset = self._next_offset.get(topic, 0)
-            self._next_offset[topic] = offset + 1
-            self._log.append(Message(topic, key, bytes(value), dict(headers or {}), offset,
-                                     time.time_ns()))
+            log = self._logs.setdefault(topic, [])
+            offset = self._base.setdefault(topic, 0) + len(log)
+            log.append((self._seq, Message(topic, key, bytes(value), dict(headers or {}),
+                                           offset, time.time_ns())))
+            self._seq += 1
             self._cond.notify_all()
             return offset
 
     # consumer side
 
+    def set_listener(self, listener: AssignmentListener | None) -> None:
+        self._listener = listener
+
     def poll(self, max_messages: int = 100, timeout: float = 0.0) -> list[Message]:
+        self._assign_once()
         deadline = time.monotonic() + max(timeout, 0.0)
         with self._cond:
             while True:
-                out = self._take(max_messages)
+                out = [] if self._paused else self._take(max_messages)
                 remaining = deadline - time.monotonic()
                 if out or remaining <= 0 or self._closed:
                     return out
                 self._cond.wait(remaining)
 
+    def _assign_once(self) -> None:
+        if not self._assigned:
+            self._assigned = True
+            if self._listener is not None:
+                self._listener.on_assigned({0})
+
+    def reassign(self) -> None:
+        """What a consumer restarted after a crash sees: the positions rewind to the
+        committed ones and partition 0 is assigned again on the next poll (to the listener
+        set by then)."""
+        self.seek_to_committed()
+        self._assigned = False
+
     def _take(self, max_messages: int) -> list[Message]:
         out: list[Message] = []
-        end = self._base + len(self._log)
-        while self._cursor < end and len(out) < max_messages:
-            msg = self._log[self._cursor - self._base]
-            self._cursor += 1
-            if msg.topic in self._subscribed:
-                out.append(msg)
-                self._position[msg.topic] = msg.offset + 1
+        while len(out) < max_messages:
+            best: tuple[int, Message] | None = None
+            for topic in self._subscribed:
+                log = self._logs.get(topic)
+                if not log:
+                    continue
+                i = self._position.get(topic, self._base.get(topic, 0)) - self._base[topic]
+                if 0 <= i < len(log) and (best is None or log[i][0] < best[0]):
+                    best = log[i]
+            if best is None:
+                break
+            msg = best[1]
+            self._position[msg.topic] = msg.offset + 1
+            out.append(msg)
         return out
 
-    def commit(self) -> None:
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
         with self._cond:
-            self._committed_cursor = self._cursor
-            self._committed.update(self._position)
+            if offsets is None:
+                self._committed.update(self._position)
+            else:
+                for (topic, _partition), offset in offsets.items():
+                    self._committed[topic] = int(offset)
             if not self._keep:
                 self._trim()
 
     def _trim(self) -> None:
-        while self._base < self._committed_cursor and self._log:
-            self._log.popleft()
-            self._base += 1
+        for topic, log in self._logs.items():
+            drop = self._committed.get(topic, 0) - self._base.get(topic, 0)
+            if drop > 0:
+                del log[:drop]
+                self._base[topic] += drop
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        with self._cond:
+            self._position[topic] = max(int(offset), self._base.get(topic, 0))
+
+    def committed_offset(self, topic: str, partition: int) -> int | None:
+        with self._cond:
+            return self._committed.get(topic)
 
     def seek_to_committed(self) -> None:
         """Rewind the consumer to the committed position, as a restarted consumer would."""
         with self._cond:
-            self._cursor = self._committed_cursor
             self._position = dict(self._committed)
+
+    def caught_up(self, partition: int) -> bool | None:
+        with self._cond:
+            return all(self._position.get(t, self._base.get(t, 0))
+                       >= self._base.get(t, 0) + len(self._logs.get(t, []))
+                       for t in self._subscribed)
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
 
     def close(self) -> None:
         with self._cond:
@@ -304,7 +423,7 @@ class InProcessTransport(Transport):
     def messages(self, topic: str) -> list[Message]:
         """Every retained message of ``topic``, in offset order."""
         with self._cond:
-            return [m for m in self._log if m.topic == topic]
+            return [m for _, m in self._logs.get(topic, [])]
 
     def committed(self, topic: str) -> int:
         """The committed offset (next to read) of ``topic``."""
@@ -313,11 +432,11 @@ class InProcessTransport(Transport):
 
     def end_offset(self, topic: str) -> int:
         with self._cond:
-            return self._next_offset.get(topic, 0)
+            return self._base.get(topic, 0) + len(self._logs.get(topic, []))
 
     def lag(self) -> int:
         """Messages of subscribed topics published but not yet committed."""
         with self._cond:
-            return sum(1 for i, m in enumerate(self._log)
-                       if self._base + i >= self._committed_cursor
-                       and m.topic in self._subscribed)
+            return sum(self._base.get(t, 0) + len(self._logs.get(t, []))
+                       - max(self._committed.get(t, 0), self._base.get(t, 0))
+                       for t in self._subscribed)

@@ -1,14 +1,19 @@
-"""Shared test fixtures."""
+"""Shared test fixtures (the Kafka broker fixture is shared by the Kafka transport and the
+pipeline tests)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from failslow import events
+from failslow import events, infra
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -47,4 +52,51 @@ def tiny_trace(tmp_path: Path) -> Path:
     return tmp_path
 
 
-__all__ = ["SHARED", "coll_row", "meta_row", "events"]
+# ---------------------------------------------------------------------------------------------
+# a real Kafka broker for the session
+#
+# Started once per session with failslow.infra (infra/kafka/kafka.sh) on free ports in a
+# temporary state dir, unless ``FAILSLOW_KAFKA`` names one. If it cannot start, the tests fail
+# with the broker's log tail; they skip (with the reason) only outside CI when Java or Maven is
+# missing.
+
+
+@dataclass
+class Broker:
+    bootstrap: str
+    state_dir: Path | None  # None: an external broker ($FAILSLOW_KAFKA), not ours to restart
+    port: int = 0
+    controller_port: int = 0
+
+
+def _prerequisites_or_skip() -> None:
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing and not (infra.lib_dir() / ".complete").exists():
+        reason = f"Kafka tests need {' and '.join(missing)} to run a broker"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (CI must run them)")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    external = os.environ.get(infra.ENV_BOOTSTRAP)
+    if external:
+        if not infra.probe(external, timeout=10):
+            pytest.fail(f"{infra.ENV_BOOTSTRAP}={external} does not answer")
+        yield Broker(external, None)
+        return
+    _prerequisites_or_skip()
+    state = tmp_path_factory.mktemp("kafka-state")
+    try:
+        status = infra.kafka_up(0, state_dir=state, max_lifetime=3 * 3600, timeout=150)
+    except infra.InfraError as e:
+        pytest.fail(f"the Kafka broker did not start: {e}", pytrace=False)
+    assert status.port and status.controller_port
+    try:
+        yield Broker(status.bootstrap, state, status.port, status.controller_port)
+    finally:
+        infra.kafka_down(state)
+
+
+__all__ = ["SHARED", "Broker", "coll_row", "meta_row", "events"]

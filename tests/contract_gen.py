@@ -30,56 +30,81 @@ def rank_of(stage: int, dp: int) -> int:
 
 
 def generate(iterations: int = 30, microbatches: int = 4, slow_rank: int | None = None,
-             slow_from: int = 15, slow_factor: float = 1.6, seed: int = 0
+             slow_from: int = 15, slow_factor: float = 1.6, seed: int = 0,
+             jitter: str = "uniform", skew_ms: float = 0.0, pauses: float = 0.0,
+             slow_link: int | None = None, link_factor: float = 4.0, slow_until: int | None = None
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Rows of the job. ``jitter``: the shape of compute noise (``uniform`` +-2%, ``pareto``:
+    heavy right tail, ``bimodal``: every other micro-batch 8% longer at random); ``skew_ms``:
+    hostB's clock runs this far ahead of hostA's; ``pauses``: chance per rank and iteration
+    of a 40-120 ms pause (garbage collection); ``slow_link``: the dp index whose pipeline
+    messages (hostA <-> hostB) are ``link_factor`` slower from ``slow_from`` on (until
+    ``slow_until``); a slow rank is slow from ``slow_from`` until ``slow_until``."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     seq: dict[tuple[int, int], int] = {}
     clock = [T0] * 4
+    end = slow_until if slow_until is not None else iterations
+    skew = [0, 0, int(skew_ms * MS), int(skew_ms * MS)]  # ranks 2, 3 sit on hostB
 
     def op(rank: int, comm: int, comm_rank: int, size: int, name: str, nbytes: int,
-           peer: int, enter: int, end: int, start: int) -> None:
+           peer: int, enter: int, end_t: int, start: int) -> None:
         key = (comm, rank)
         s = seq.get(key, 0)
         seq[key] = s + 1
         base = {"job": "indep-1", "rank": rank, "comm": comm, "comm_rank": comm_rank,
                 "comm_size": size, "seq": s, "op": name, "bytes": nbytes, "peer": peer}
-        rows.append({**base, "phase": "enter", "t": enter})
-        rows.append({**base, "phase": "end", "t": end, "t_start": start,
+        off = skew[rank]
+        rows.append({**base, "phase": "enter", "t": enter + off})
+        rows.append({**base, "phase": "end", "t": end_t + off, "t_start": start + off,
                      "send_count": nbytes // 4096, "recv_count": nbytes // 4096})
 
+    def noise() -> float:
+        if jitter == "pareto":
+            return 0.98 + 0.02 * rng.paretovariate(3.0)
+        if jitter == "bimodal":
+            return rng.choice((1.0, 1.08)) * rng.uniform(0.99, 1.01)
+        return rng.uniform(0.98, 1.02)
+
     def compute(rank: int, it: int, ms: float) -> None:
-        factor = slow_factor if (rank == slow_rank and it >= slow_from) else 1.0
-        clock[rank] += int(ms * MS * factor * rng.uniform(0.98, 1.02))
+        factor = slow_factor if (rank == slow_rank and slow_from <= it < end) else 1.0
+        clock[rank] += int(ms * MS * factor * noise())
+
+    def transfer(dp: int, it: int) -> int:
+        slow = slow_link == dp and slow_from <= it < end
+        return int(2 * MS * (link_factor if slow else 1.0) * rng.uniform(0.97, 1.03))
 
     for it in range(iterations):
+        for r in range(4):
+            if pauses and rng.random() < pauses:
+                clock[r] += int(rng.uniform(40, 120) * MS)
         for dp in range(2):
             r0, r1 = rank_of(0, dp), rank_of(1, dp)
             for _ in range(microbatches):            # forward
                 compute(r0, it, 10)
                 enter_s, enter_r = clock[r0], clock[r1]
                 start = max(enter_s, enter_r)
-                end = start + 2 * MS
-                op(r0, PP_COMMS[dp], 0, 2, "send", 1 << 20, 1, enter_s, end, start)
-                op(r1, PP_COMMS[dp], 1, 2, "recv", 1 << 20, 0, enter_r, end, start)
-                clock[r0] = clock[r1] = end
+                end_t = start + transfer(dp, it)
+                op(r0, PP_COMMS[dp], 0, 2, "send", 1 << 20, 1, enter_s, end_t, start)
+                op(r1, PP_COMMS[dp], 1, 2, "recv", 1 << 20, 0, enter_r, end_t, start)
+                clock[r0] = clock[r1] = end_t
                 compute(r1, it, 10)
             for _ in range(microbatches):            # backward
                 compute(r1, it, 20)
                 enter_s, enter_r = clock[r1], clock[r0]
                 start = max(enter_s, enter_r)
-                end = start + 2 * MS
-                op(r1, PP_COMMS[dp], 1, 2, "send", 1 << 20, 0, enter_s, end, start)
-                op(r0, PP_COMMS[dp], 0, 2, "recv", 1 << 20, 1, enter_r, end, start)
-                clock[r0] = clock[r1] = end
+                end_t = start + transfer(dp, it)
+                op(r1, PP_COMMS[dp], 1, 2, "send", 1 << 20, 0, enter_s, end_t, start)
+                op(r0, PP_COMMS[dp], 0, 2, "recv", 1 << 20, 1, enter_r, end_t, start)
+                clock[r0] = clock[r1] = end_t
                 compute(r0, it, 20)
         for stage in range(2):                       # gradient all-reduce per stage
             ranks = [rank_of(stage, 0), rank_of(stage, 1)]
             start = max(clock[r] for r in ranks)
-            end = start + 15 * MS
+            end_t = start + 15 * MS
             for i, r in enumerate(ranks):
-                op(r, DP_COMMS[stage], i, 2, "allreduce", 64 << 20, -1, clock[r], end, start)
-                clock[r] = end
+                op(r, DP_COMMS[stage], i, 2, "allreduce", 64 << 20, -1, clock[r], end_t, start)
+                clock[r] = end_t
         barrier = max(clock)                         # optimizer step, then next iteration
         for r in range(4):
             clock[r] = barrier + 5 * MS
@@ -98,7 +123,7 @@ def generate(iterations: int = 30, microbatches: int = 4, slow_rank: int | None 
 def write(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], *, fmt: str = "jsonl",
           shuffle: bool = False, empty_comms: bool = False, text_fields: bool = False,
           meta_list: bool = False, extra_column: bool = False, drop_nullables: bool = False,
-          seed: int = 0) -> Path:
+          drop_t_start: bool = False, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     meta = dict(meta)
     if empty_comms:
@@ -120,6 +145,8 @@ def write(path: Path, meta: dict[str, Any], rows: list[dict[str, Any]], *, fmt: 
         if drop_nullables:
             for key in ("t_start", "send_count", "recv_count"):
                 r.pop(key, None)
+        elif drop_t_start and "t_start" in r:
+            r["t_start"] = None
     if fmt == "jsonl":
         with (path / "coll.jsonl").open("w") as fh:
             for r in rows:

@@ -64,7 +64,8 @@ def test_verification_against_the_baseline_catches_a_ramp() -> None:
     x = np.concatenate([np.ones(30), np.linspace(1, 1.5, 30), np.full(20, 1.5)])
     x = x * (1 + np.random.default_rng(2).normal(0, 0.005, len(x)))
     cps = changepoints(x)
-    assert len(cps) == 1 and 30 <= cps[0] <= 45
+    # caught while it builds up (a ladder may add further levels), and never relieved
+    assert cps and 30 <= cps[0] <= 45 and all(c <= 60 for c in cps)
 
 
 def test_warm_up_speed_up_is_not_an_anomaly() -> None:

@@ -1,23 +1,18 @@
 """KafkaTransport against a real Apache Kafka broker (KRaft, one node, 127.0.0.1).
 
-The broker is started once per session with failslow.infra (infra/kafka/kafka.sh) on free
-ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one. If it cannot start, the
-tests fail with the broker's log tail; they skip (with the reason) only outside CI when Java or
-Maven is missing. Every test uses its own topic prefix and consumer groups.
+The broker is the session fixture ``broker`` of tests/conftest.py (failslow.infra on free
+ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one). Every test uses its own
+topic prefix and consumer groups.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from conftest import Broker
 from failslow import events, infra
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.transport import (
@@ -38,44 +34,6 @@ from failslow.stream.transport import (
 
 COLL = topic_for("coll")
 BIG_COMMS = np.array([2**64 - 1, 2**63 + 12345, 7, 2**40 + 1], dtype=np.uint64)
-
-
-@dataclass
-class Broker:
-    bootstrap: str
-    state_dir: Path | None  # None: an external broker ($FAILSLOW_KAFKA), not ours to restart
-    port: int = 0
-    controller_port: int = 0
-
-
-def _prerequisites_or_skip() -> None:
-    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
-    if missing and not (infra.lib_dir() / ".complete").exists():
-        reason = f"Kafka tests need {' and '.join(missing)} to run a broker"
-        if os.environ.get("CI"):
-            pytest.fail(reason + " (CI must run them)")
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    external = os.environ.get(infra.ENV_BOOTSTRAP)
-    if external:
-        if not infra.probe(external, timeout=10):
-            pytest.fail(f"{infra.ENV_BOOTSTRAP}={external} does not answer")
-        yield Broker(external, None)
-        return
-    _prerequisites_or_skip()
-    state = tmp_path_factory.mktemp("kafka-state")
-    try:
-        status = infra.kafka_up(0, state_dir=state, max_lifetime=3 * 3600, timeout=150)
-    except infra.InfraError as e:
-        pytest.fail(f"the Kafka broker did not start: {e}", pytrace=False)
-    assert status.port and status.controller_port
-    try:
-        yield Broker(status.bootstrap, state, status.port, status.controller_port)
-    finally:
-        infra.kafka_down(state)
 
 
 def sim_coll(job: str, rounds: int, ranks: int = 8, seed: int = 0) -> pa.Table:
@@ -166,7 +124,7 @@ def test_roundtrip_identical_rows_keys_headers(broker: Broker) -> None:
 def test_large_table_is_split_and_reassembled(broker: Broker) -> None:
     table = sim_coll("big-job", rounds=400, seed=3)  # 6400 rows, ~600 kB encoded
     with transport(broker, topic_prefix=prefix(), subscribe=[COLL],
-                   max_message_bytes=100_000) as tr:
+                   max_message_bytes=100_000, ipc_compression=None) as tr:
         assert tr.wait_connected(20)
         tr.publish(COLL, "big-job", table)
         assert tr.flush(20)
@@ -177,6 +135,18 @@ def test_large_table_is_split_and_reassembled(broker: Broker) -> None:
     assert all(len(m.value) <= 100_000 for m in got)
     parts = [decode(m)[1] for m in sorted(got, key=lambda m: m.offset)]
     assert pa.concat_tables(parts).equals(table)
+
+
+def test_messages_are_zstd_compressed_arrow_and_decode_unchanged(broker: Broker) -> None:
+    table = sim_coll("zjob", rounds=400, seed=4)
+    plain = len(encode("coll", table))
+    with transport(broker, topic_prefix=prefix(), subscribe=[COLL]) as tr:
+        assert tr.wait_connected(20)
+        tr.publish(COLL, "zjob", table)
+        assert tr.flush(20)
+        [got] = consume(tr, 1)
+    assert len(got.value) < plain / 2  # the IPC buffers are compressed
+    assert decode(got)[1].equals(table)
 
 
 def test_offsets_commit_only_on_commit(broker: Broker) -> None:
@@ -222,7 +192,7 @@ def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
     # A long linger keeps the first messages unacknowledged while the buffer fills up.
     with transport(broker, topic_prefix=prefix(), subscribe=[COLL], buffer_memory=budget,
                    linger_ms=2000, batch_size=4 * 1024 * 1024, on_full="drop",
-                   max_block_ms=5000) as tr:
+                   max_block_ms=5000, ipc_compression=None) as tr:
         assert tr.wait_connected(20)
         took = []
         for _ in range(20):
@@ -241,7 +211,7 @@ def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
 
     with transport(broker, topic_prefix=prefix(), subscribe=[COLL], buffer_memory=budget,
                    linger_ms=3000, batch_size=4 * 1024 * 1024, on_full="block",
-                   max_block_ms=400) as blocking:
+                   max_block_ms=400, ipc_compression=None) as blocking:
         assert blocking.wait_connected(20)
         for _ in range(5):
             blocking.publish(COLL, "j1", table)
@@ -314,9 +284,9 @@ def test_broker_stops_by_itself_after_max_lifetime(broker: Broker,
                                                    tmp_path: Path) -> None:
     if broker.state_dir is None:
         pytest.skip("needs the local broker set-up")
-    status = infra.kafka_up(0, state_dir=tmp_path, max_lifetime=4, timeout=60, heap="256m")
+    status = infra.kafka_up(0, state_dir=tmp_path, max_lifetime=20, timeout=60, heap="256m")
     assert status.running
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 90
     while infra.kafka_status(tmp_path).running and time.monotonic() < deadline:
         time.sleep(0.5)
     try:

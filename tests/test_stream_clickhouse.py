@@ -49,14 +49,19 @@ def test_schema_module_cli_writes_the_same_text(tmp_path: Path) -> None:
 
 def test_ddl_covers_every_contract_column_with_the_right_types() -> None:
     statements = {s.split("`.`")[1].split("`")[0]: s for s in ch.ddl("db")[1:]}
-    assert set(statements) == set(events.KINDS) | set(results.SCHEMAS) | {"anomalies"}
+    assert set(statements) == set(events.KINDS) | set(results.SCHEMAS) | {
+        "anomalies", "whatif", "diagnoses", "processor_cuts", "processor_snapshots"}
     for kind, schema in [*events.SCHEMAS.items(), *results.SCHEMAS.items()]:
         for f in schema:
             assert f"`{f.name}`" in statements[kind], (kind, f.name)
     coll = statements["coll"]
-    assert "`comm`       UInt64" in coll and "ORDER BY (job, comm, seq, rank)" in coll
-    assert "`op`         LowCardinality(String)" in coll
-    assert "`t_start`    Nullable(Int64)" in coll
+    assert "`comm`        UInt64" in coll and "ORDER BY (job, comm, seq, rank, phase)" in coll
+    assert "`op`          LowCardinality(String)" in coll
+    assert "`t_start`     Nullable(Int64) CODEC(Delta, ZSTD(1))" in coll
+    assert "PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')" in coll
+    assert "TTL ingested_at + INTERVAL 14 DAY" in coll
+    assert "ENGINE = ReplacingMergeTree\n" in coll
+    assert "PARTITION BY" not in statements["anomalies"]  # versions must meet in one part
     assert "ENGINE = ReplacingMergeTree(version)" in statements["anomalies"]
     assert "ORDER BY (job, id)" in statements["anomalies"]
     assert "LowCardinality(Nullable(String))" in statements["anomalies"]  # stage
@@ -138,7 +143,8 @@ def test_processor_into_chdb(sink: ch.ClickHouseSink) -> None:
         made[meta.job] = synth.FakeAnalyzer(meta)
         return made[meta.job]
 
-    proc = StreamProcessor(bus, sink, analyzer_factory=factory, clock="event")
+    proc = StreamProcessor(bus, sink, analyzer_factory=factory, clock="event",
+                           window_ns=10**15)
     proc.run()
     assert sink.count("coll", "synth-1") == coll.num_rows
     assert sink.count("rounds") == 15 * 4 and sink.count("iterations") == 15

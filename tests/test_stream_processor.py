@@ -27,6 +27,9 @@ def _processor(bus: InProcessTransport, sink: Sink | None = None,
         return made[meta.job]
 
     kwargs.setdefault("clock", "event")
+    # FakeAnalyzer derives a round from one batch only: no event-time windows here
+    kwargs.setdefault("window_ns", 10**15)
+    kwargs.setdefault("analyzer_kinds", ("coll",))  # the synthetic jobs send coll only
     return StreamProcessor(bus, sink, analyzer_factory=factory, **kwargs), made
 
 
@@ -205,7 +208,7 @@ def test_backpressure_pauses_and_offers_the_same_batch_again() -> None:
     slept: list[float] = []
     proc, _ = _processor(bus, sink, sleep=slept.append)
     stats = proc.run()
-    assert slept == [0.25, 0.25] and stats.backpressure == 2
+    assert slept == [0.25, 0.5] and stats.backpressure == 2  # the delay doubles
     assert len(set(sink.tokens)) == 1 and len(sink.tokens) == 3  # one batch, three offers
     assert len(sink.batches) == 1 and bus.lag() == 0
 
@@ -229,7 +232,7 @@ def test_failing_sink_commits_nothing_and_a_restart_redelivers() -> None:
     assert bus.lag() == 0
 
 
-def test_tokens_differ_between_batches_and_processors() -> None:
+def test_tokens_differ_between_batches_and_repeat_for_the_same_input() -> None:
     bus = InProcessTransport()
     bus.publish_meta(synth.meta())
     _publish_iterations(bus, synth.coll(iterations=4))
@@ -237,8 +240,15 @@ def test_tokens_differ_between_batches_and_processors() -> None:
     proc, _ = _processor(bus, sink, max_messages=2, checkpoint_messages=2)
     proc.run()
     assert len(sink.tokens) >= 2 and len(set(sink.tokens)) == len(sink.tokens)
-    other, _ = _processor(bus, sink)
-    assert other._id != proc._id
+    # Another processor of the same group reading the same input in the same cuts makes
+    # the same tokens (what lets the store drop a re-written batch).
+    bus.seek_to_committed()
+    for topic in ("failslow.meta", "failslow.coll"):
+        bus.seek(topic, 0, 0)
+    again = FlakySink()
+    other, _ = _processor(bus, again, max_messages=2, checkpoint_messages=2)
+    other.run()
+    assert again.tokens == sink.tokens
 
 
 def test_later_reports_have_larger_versions() -> None:
@@ -282,6 +292,5 @@ def test_snapshot_and_restore_resume_a_job() -> None:
     reopened = made2[JOB].open
     assert reopened is not None and reopened.ranks == [6]
     assert [a.id for a in fresh.anomalies(JOB)] == ["slow-6"]
-    assert fresh._version >= proc._version
     with pytest.raises(ValueError):
-        fresh.restore({"version": 2})
+        fresh.restore({"version": 1})

@@ -7,7 +7,7 @@ CREATE DATABASE IF NOT EXISTS `failslow`;
 CREATE TABLE IF NOT EXISTS `failslow`.`meta`
 (
     `job`          LowCardinality(String),
-    `t`            Int64,
+    `t`            Int64 CODEC(Delta, ZSTD(1)),
     `world_size`   Int32,
     `tp`           Int32,
     `pp`           Int32,
@@ -15,147 +15,169 @@ CREATE TABLE IF NOT EXISTS `failslow`.`meta`
     `cp`           Int32,
     `microbatches` Int32,
     `schedule`     LowCardinality(String),
-    `nodes`        String,
-    `comms`        String,
-    `time`         DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)
+    `nodes`        String CODEC(ZSTD(3)),
+    `comms`        String CODEC(ZSTD(3)),
+    `time`         DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at`  DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
 ENGINE = ReplacingMergeTree(t)
 ORDER BY (job)
-SETTINGS non_replicated_deduplication_window = 1000
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'job descriptions; the row with the largest t wins';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`coll`
 (
-    `job`        LowCardinality(String),
-    `rank`       Int32,
-    `comm`       UInt64,
-    `comm_rank`  Int32,
-    `comm_size`  Int32,
-    `seq`        UInt64,
-    `op`         LowCardinality(String),
-    `bytes`      UInt64,
-    `peer`       Int32,
-    `phase`      LowCardinality(String),
-    `t`          Int64,
-    `t_start`    Nullable(Int64),
-    `send_count` Nullable(UInt64),
-    `recv_count` Nullable(UInt64),
-    `time`       DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)
+    `job`         LowCardinality(String),
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `comm`        UInt64,
+    `comm_rank`   Int32 CODEC(T64, ZSTD(1)),
+    `comm_size`   Int32 CODEC(T64, ZSTD(1)),
+    `seq`         UInt64 CODEC(Delta, ZSTD(1)),
+    `op`          LowCardinality(String),
+    `bytes`       UInt64 CODEC(T64, ZSTD(1)),
+    `peer`        Int32,
+    `phase`       LowCardinality(String),
+    `t`           Int64 CODEC(Delta, ZSTD(1)),
+    `t_start`     Nullable(Int64) CODEC(Delta, ZSTD(1)),
+    `send_count`  Nullable(UInt64) CODEC(T64, ZSTD(1)),
+    `recv_count`  Nullable(UInt64) CODEC(T64, ZSTD(1)),
+    `time`        DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
-ENGINE = MergeTree
-ORDER BY (job, comm, seq, rank)
-SETTINGS non_replicated_deduplication_window = 1000
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
+ORDER BY (job, comm, seq, rank, phase)
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'collective and point-to-point operations, enter and end rows';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`progress`
 (
-    `job`        LowCardinality(String),
-    `rank`       Int32,
-    `comm`       UInt64,
-    `seq`        UInt64,
-    `t`          Int64,
-    `send_count` UInt64,
-    `recv_count` UInt64,
-    `time`       DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)
+    `job`         LowCardinality(String),
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `comm`        UInt64,
+    `seq`         UInt64 CODEC(Delta, ZSTD(1)),
+    `t`           Int64 CODEC(Delta, ZSTD(1)),
+    `send_count`  UInt64 CODEC(T64, ZSTD(1)),
+    `recv_count`  UInt64 CODEC(T64, ZSTD(1)),
+    `time`        DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
-ENGINE = MergeTree
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, comm, seq, rank, t)
-SETTINGS non_replicated_deduplication_window = 1000
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'in-flight progress samples';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`link`
 (
-    `job`       LowCardinality(String),
-    `node`      LowCardinality(String),
-    `rank`      Nullable(Int32),
-    `device`    LowCardinality(String),
-    `peer_node` LowCardinality(Nullable(String)),
-    `t`         Int64,
-    `posted`    UInt64,
-    `completed` UInt64,
-    `bytes`     UInt64,
-    `time`      DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)
+    `job`         LowCardinality(String),
+    `node`        LowCardinality(String),
+    `rank`        Nullable(Int32) CODEC(T64, ZSTD(1)),
+    `device`      LowCardinality(String),
+    `peer_node`   LowCardinality(Nullable(String)),
+    `t`           Int64 CODEC(Delta, ZSTD(1)),
+    `posted`      UInt64 CODEC(Delta, ZSTD(1)),
+    `completed`   UInt64 CODEC(Delta, ZSTD(1)),
+    `bytes`       UInt64 CODEC(Delta, ZSTD(1)),
+    `time`        DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
-ENGINE = MergeTree
-ORDER BY (job, node, device, t)
-SETTINGS non_replicated_deduplication_window = 1000
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
+ORDER BY (job, node, device, peer_node, rank, t)
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000, allow_nullable_key = 1
 COMMENT 'RDMA work-request counters';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`gpu`
 (
     `job`              LowCardinality(String),
     `node`             LowCardinality(String),
-    `rank`             Nullable(Int32),
-    `gpu`              Int32,
-    `t`                Int64,
+    `rank`             Nullable(Int32) CODEC(T64, ZSTD(1)),
+    `gpu`              Int32 CODEC(T64, ZSTD(1)),
+    `t`                Int64 CODEC(Delta, ZSTD(1)),
     `sm_clock_mhz`     Int32,
     `mem_clock_mhz`    Int32,
     `temp_c`           Int32,
-    `power_w`          Float64,
+    `power_w`          Float64 CODEC(ZSTD(1)),
     `util_pct`         Int32,
     `throttle_reasons` UInt64,
-    `time`             DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)
+    `time`             DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at`      DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
-ENGINE = MergeTree
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, node, gpu, t)
-SETTINGS non_replicated_deduplication_window = 1000
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'device samples';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`span`
 (
-    `job`        LowCardinality(String),
-    `rank`       Int32,
-    `step`       Int64,
-    `microbatch` Int32,
-    `chunk`      Int32,
-    `op`         LowCardinality(String),
-    `t_start`    Int64,
-    `t_end`      Int64
+    `job`         LowCardinality(String),
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `step`        Int64 CODEC(Delta, ZSTD(1)),
+    `microbatch`  Int32,
+    `chunk`       Int32,
+    `op`          LowCardinality(String),
+    `t_start`     Int64 CODEC(Delta, ZSTD(1)),
+    `t_end`       Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
-ENGINE = MergeTree
-ORDER BY (job, rank, step, t_start)
-SETTINGS non_replicated_deduplication_window = 1000
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t_start), 'UTC')
+ORDER BY (job, rank, step, microbatch, chunk, op, t_start)
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'framework spans';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`rounds`
 (
     `job`             LowCardinality(String),
     `comm`            UInt64,
-    `seq`             UInt64,
+    `seq`             UInt64 CODEC(Delta, ZSTD(1)),
     `op`              LowCardinality(String),
-    `bytes`           UInt64,
-    `members`         Int32,
-    `t_first_enter`   Int64,
-    `t_last_enter`    Int64,
-    `t_end`           Int64,
+    `bytes`           UInt64 CODEC(T64, ZSTD(1)),
+    `members`         Int32 CODEC(T64, ZSTD(1)),
+    `t_first_enter`   Int64 CODEC(Delta, ZSTD(1)),
+    `t_last_enter`    Int64 CODEC(Delta, ZSTD(1)),
+    `t_end`           Int64 CODEC(Delta, ZSTD(1)),
     `last_rank`       Int32,
-    `duration_max_ns` Int64,
-    `duration_min_ns` Int64
+    `duration_max_ns` Int64 CODEC(T64, ZSTD(1)),
+    `duration_min_ns` Int64 CODEC(T64, ZSTD(1)),
+    `ingested_at`     DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t_first_enter), 'UTC')
 ORDER BY (job, comm, seq, t_first_enter, last_rank)
-SETTINGS non_replicated_deduplication_window = 1000
+TTL ingested_at + INTERVAL 90 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'completed rounds (derived by the detectors)';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`iterations`
 (
     `job`         LowCardinality(String),
-    `rank`        Int32,
-    `iteration`   Int64,
-    `t_start`     Int64,
-    `t_end`       Int64,
-    `duration_ns` Int64
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `iteration`   Int64 CODEC(Delta, ZSTD(1)),
+    `t_start`     Int64 CODEC(Delta, ZSTD(1)),
+    `t_end`       Int64 CODEC(Delta, ZSTD(1)),
+    `duration_ns` Int64 CODEC(T64, ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
 ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t_start), 'UTC')
 ORDER BY (job, rank, iteration)
-SETTINGS non_replicated_deduplication_window = 1000
+TTL ingested_at + INTERVAL 90 DAY
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'training iterations per rank, rank -1 = the job (derived)';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`anomalies`
 (
     `job`         LowCardinality(String),
     `id`          String,
-    `version`     UInt64,
+    `version`     UInt64 CODEC(Delta, ZSTD(1)),
     `kind`        LowCardinality(String),
     `cause`       LowCardinality(String),
     `ranks`       Array(Int32),
@@ -163,16 +185,76 @@ CREATE TABLE IF NOT EXISTS `failslow`.`anomalies`
     `comm`        Nullable(UInt64),
     `comm_kind`   LowCardinality(Nullable(String)),
     `stage`       LowCardinality(Nullable(String)),
-    `start_ns`    Nullable(Int64),
-    `detected_ns` Nullable(Int64),
-    `end_ns`      Nullable(Int64),
-    `slowdown`    Nullable(Float64),
-    `R`           Nullable(Float64),
-    `P`           Nullable(Float64),
-    `extra`       String,
-    `reported_ns` Int64
+    `start_ns`    Nullable(Int64) CODEC(Delta, ZSTD(1)),
+    `detected_ns` Nullable(Int64) CODEC(Delta, ZSTD(1)),
+    `end_ns`      Nullable(Int64) CODEC(Delta, ZSTD(1)),
+    `slowdown`    Nullable(Float64) CODEC(ZSTD(1)),
+    `R`           Nullable(Float64) CODEC(ZSTD(1)),
+    `P`           Nullable(Float64) CODEC(ZSTD(1)),
+    `extra`       String CODEC(ZSTD(3)),
+    `reported_ns` Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
 )
 ENGINE = ReplacingMergeTree(version)
 ORDER BY (job, id)
-SETTINGS non_replicated_deduplication_window = 1000
+SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'one row per anomaly report; the largest version of (job, id) wins';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`whatif`
+(
+    `job`         LowCardinality(String),
+    `step`        Int64 CODEC(Delta, ZSTD(1)),
+    `computed_ns` Int64 CODEC(Delta, ZSTD(1)),
+    `slowdown`    Nullable(Float64) CODEC(ZSTD(1)),
+    `result`      String CODEC(ZSTD(3)),
+    `reported_ns` Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree(computed_ns)
+ORDER BY (job, step)
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'what-if results (diagnosis.md whatif) of the recent steps of a job';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`diagnoses`
+(
+    `job`         LowCardinality(String),
+    `version`     UInt64 CODEC(Delta, ZSTD(1)),
+    `iterations`  String CODEC(ZSTD(3)),
+    `anomalies`   UInt32,
+    `updated_ns`  Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree(version)
+ORDER BY (job)
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'per job: the iterations summary of its diagnosis; the latest version wins';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`processor_cuts`
+(
+    `consumer_group` LowCardinality(String),
+    `partition_id`   UInt32,
+    `seq`            UInt64 CODEC(Delta, ZSTD(1)),
+    `ranges`         String CODEC(ZSTD(3)),
+    `created_ns`     Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at`    DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree
+ORDER BY (consumer_group, partition_id, seq)
+TTL ingested_at + INTERVAL 7 DAY
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'stream processor: input offset ranges of each sink write, logged before it';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`processor_snapshots`
+(
+    `consumer_group` LowCardinality(String),
+    `partition_id`   UInt32,
+    `seq`            UInt64 CODEC(Delta, ZSTD(1)),
+    `offsets`        String CODEC(ZSTD(3)),
+    `state`          String CODEC(ZSTD(3)),
+    `created_ns`     Int64 CODEC(Delta, ZSTD(1)),
+    `ingested_at`    DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree(created_ns)
+ORDER BY (consumer_group, partition_id)
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'stream processor: detector state of the jobs of a partition and its offsets';

@@ -1,0 +1,271 @@
+"""``failslow report``: one self-contained HTML file about one job (and optionally a Chrome
+trace of its slowest diagnosed iteration for Perfetto).
+
+From a trace directory the job is diagnosed here (the same replay and detectors as ``failslow
+analyze``); with ``--job`` everything is read from ClickHouse (embedded chDB under
+``--data-dir`` or a server at ``--clickhouse-url``), as the stream processor stored it.
+The page holds the iteration timeline with anomaly bands, the DP x PP heatmap, the anomaly
+table, the critical path of a slow iteration (:mod:`failslow.dashboards.critical_path`) and
+the what-if breakdown (:mod:`failslow.detectors.whatif`, when available).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from failslow import results
+from failslow.diagnosis import Anomaly, Diagnosis
+from failslow.events import JobMeta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobData:
+    """Everything a report needs about one job."""
+
+    meta: JobMeta
+    diagnosis: Diagnosis
+    iterations: pa.Table
+    rounds: pa.Table
+    truth: Diagnosis | None = None
+    #: coll / span rows of a time window: fn(t_start, t_end) -> (coll, span or None)
+    window: Any = None
+    whatif_reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "report", help="write a self-contained HTML report of one job (and a Perfetto trace)",
+        description="Write one HTML file (no network needed to open it): iteration timeline "
+                    "with anomaly bands, DP x PP heatmap, anomaly table, the critical path of "
+                    "a slow iteration and the what-if breakdown. From a trace directory, or "
+                    "with --job from ClickHouse.")
+    p.add_argument("trace_dir", nargs="?", type=Path, help="a trace directory (events.md)")
+    p.add_argument("--job", help="read this job from ClickHouse instead of a trace directory")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="embedded ClickHouse data directory (with --job)")
+    p.add_argument("--clickhouse-url", default=None, metavar="URL",
+                   help="a ClickHouse server instead of embedded chDB (with --job)")
+    p.add_argument("--database", default=None,
+                   help="ClickHouse database (default failslow; the demo's is failslow_demo)")
+    p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    p.add_argument("--perfetto", type=Path, default=None, metavar="TRACE_JSON",
+                   help="also write the slow iteration as a Chrome trace (open in Perfetto)")
+    p.add_argument("--no-whatif", action="store_true", help="skip the what-if analysis")
+    p.set_defaults(func=run)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
+    """Diagnose a trace directory the way ``failslow analyze`` does, keeping the derived
+    rounds and iterations."""
+    from failslow.analyze import KINDS, is_post_mortem
+    from failslow.detectors.hang import HangConfig
+    from failslow.detectors.job import JobAnalyzer
+    from failslow.detectors.slowdown import infer_comms
+    from failslow.replay import DEFAULT_WINDOW_NS, replay
+    from failslow.tracedir import TraceDir
+
+    td = TraceDir(path)
+    meta = td.meta()
+    tables: dict[str, pa.Table] = {k: td.read(k) for k in KINDS if k in td.kinds}
+    if not meta.comms and "coll" in tables:
+        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
+    analyzer = JobAnalyzer(meta)
+    rounds, iterations = [], []
+    now = None
+    for now, batch in replay(tables, DEFAULT_WINDOW_NS):
+        for out in (analyzer.update(batch), analyzer.on_tick(now)):
+            rounds.append(out.rounds)
+            iterations.append(out.iterations)
+    if is_post_mortem(path) and now is not None:
+        analyzer.on_tick(now + HangConfig().ceiling_ns + 1_000_000_000)
+    diagnosis = analyzer.diagnosis()
+    data = JobData(meta, diagnosis, _concat(iterations, "iterations"), _concat(rounds, "rounds"))
+    truth_file = Path(path) / "truth.json"
+    if truth_file.exists():
+        data.truth = Diagnosis.load(truth_file)
+    coll = tables.get("coll")
+    span = tables.get("span")
+
+    def window(t0: int, t1: int) -> tuple[pa.Table | None, pa.Table | None]:
+        return coll, span
+
+    data.window = window
+    if whatif:
+        diagnosis.whatif, data.whatif_reason = _whatif(tables, meta)
+    else:
+        data.whatif_reason = "skipped (--no-whatif)"
+    return data
+
+
+def _whatif(tables: dict[str, pa.Table], meta: JobMeta) -> tuple[dict[str, Any] | None, str]:
+    try:
+        from failslow.detectors.whatif import whatif
+    except ImportError as e:
+        return None, f"the what-if analysis is not installed ({e})"
+    errors: list[str] = []
+    result = whatif(tables, meta, errors=errors)
+    return result, "; ".join(errors)
+
+
+def _concat(parts: list[pa.Table], kind: str) -> pa.Table:
+    parts = [p for p in parts if p is not None and p.num_rows]
+    if not parts:
+        return results.empty(kind)
+    return pa.concat_tables([p.select(results.SCHEMAS[kind].names).cast(results.SCHEMAS[kind])
+                             for p in parts])
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    cols = []
+    for col in table.columns:
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if pa.types.is_large_string(col.type):
+            col = col.cast(pa.string())
+        cols.append(col)
+    return pa.Table.from_arrays(cols, names=table.column_names)
+
+
+def from_clickhouse(job: str, data_dir: Path | None, url: str | None,
+                    database: str) -> tuple[JobData, Any]:
+    """Read one job back from ClickHouse; returns the data and the client (close it)."""
+    from failslow import events
+    from failslow.stream.clickhouse import ClickHouseSink, connect
+
+    client = connect(data_dir, url)
+    try:
+        sink = ClickHouseSink(client, database, create=False)
+        meta_rows = sink.read("meta", job).to_pylist()
+        if not meta_rows:
+            raise LookupError(f"job {job!r} not found in ClickHouse database {database!r}")
+        meta = events.parse_meta_row(meta_rows[-1], f"{database}.meta")
+        anomalies = [a for _, a in sink.anomalies(job)]
+        diagnosis = Diagnosis(job, anomalies=anomalies)
+        data = JobData(meta, diagnosis, sink.read("iterations", job), sink.read("rounds", job))
+        try:
+            rows = client.query(
+                f"SELECT result FROM `{database}`.whatif FINAL WHERE job = {{job:String}} "
+                "ORDER BY computed_ns DESC LIMIT 1", parameters={"job": job}).result_rows
+            diagnosis.whatif = json.loads(rows[0][0]) if rows else None
+            data.whatif_reason = "" if rows else "the processor stored no what-if result"
+        except Exception as e:  # noqa: BLE001 - an older schema without the table
+            data.whatif_reason = f"no what-if table ({str(e).splitlines()[0][:120]})"
+
+        def window(t0: int, t1: int) -> tuple[pa.Table | None, pa.Table | None]:
+            params = {"job": job, "t0": t0, "t1": t1}
+            coll = client.query_arrow(
+                f"SELECT * EXCEPT (ingested_at) FROM `{database}`.coll FINAL WHERE job = "
+                "{job:String} AND t BETWEEN {t0:Int64} AND {t1:Int64}", parameters=params)
+            span = client.query_arrow(
+                f"SELECT * EXCEPT (ingested_at) FROM `{database}`.span FINAL WHERE job = "
+                "{job:String} AND t_end >= {t0:Int64} AND t_start <= {t1:Int64}",
+                parameters=params)
+            return (events.conform(_plain(coll), "coll"),
+                    events.conform(_plain(span), "span") if span.num_rows else None)
+
+        data.window = window
+        return data, client
+    except BaseException:
+        client.close()
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build(data: JobData, out: Path, perfetto: Path | None = None) -> dict[str, Any]:
+    """Write the report (and the Chrome trace); returns what was done."""
+    from failslow.dashboards import critical_path as cp
+    from failslow.dashboards.report import write_report
+
+    anomalies: list[Anomaly] = data.diagnosis.anomalies
+    path: list[cp.Segment] | None = None
+    iteration = None
+    reason = ""
+    window: tuple[int, int] | None = None
+    coll = span = None
+    try:
+        iteration, t0, t1 = cp.slow_iteration(data.iterations, anomalies)
+        window = (t0, t1)
+        coll, span = data.window(t0, t1) if data.window else (None, None)
+        if coll is None or coll.num_rows == 0:
+            reason = "no coll rows in the slow iteration"
+        else:
+            path = cp.critical_path(coll, t0, t1)
+            if not path:
+                reason = f"no completed operation in iteration {iteration}"
+    except ValueError as e:
+        reason = f"no iterations were detected ({e})"
+    images: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if data.diagnosis.whatif and "worker_grid" in data.diagnosis.whatif:
+            try:
+                from failslow.detectors.whatif import heatmaps
+
+                images = heatmaps(data.diagnosis.whatif, tmp)
+            except (ImportError, KeyError, ValueError) as e:
+                log.warning("what-if heatmaps not drawn: %s", e)
+        write_report(out, data.meta, data.diagnosis, data.iterations, data.rounds,
+                     truth=data.truth, critical_path=path, critical_iteration=iteration,
+                     critical_reason=reason, whatif_images=images,
+                     whatif_reason=data.whatif_reason, sections=True)
+    done: dict[str, Any] = {"report": str(out), "anomalies": len(anomalies),
+                            "critical_iteration": iteration,
+                            "critical_segments": len(path or []),
+                            "whatif": data.diagnosis.whatif is not None}
+    if perfetto is not None:
+        if window is None or coll is None:
+            raise ValueError(f"cannot export a Perfetto trace: {reason}")
+        trace = cp.chrome_trace(data.meta, coll, window[0], window[1], span, path or (),
+                                anomalies)
+        perfetto.parent.mkdir(parents=True, exist_ok=True)
+        perfetto.write_text(json.dumps(trace))
+        done["perfetto"] = str(perfetto)
+        done["trace_events"] = len(trace["traceEvents"])
+    return done
+
+
+def run(args: argparse.Namespace) -> int:
+    from failslow.stream.clickhouse import DEFAULT_DATABASE
+
+    if (args.trace_dir is None) == (args.job is None):
+        print("failslow report: give a TRACE_DIR or --job ID (one of them)", file=sys.stderr)
+        return 2
+    client = None
+    try:
+        if args.job is not None:
+            data, client = from_clickhouse(args.job, args.data_dir, args.clickhouse_url,
+                                           args.database or DEFAULT_DATABASE)
+        else:
+            data = from_trace_dir(args.trace_dir, whatif=not args.no_whatif)
+        done = build(data, args.out, args.perfetto)
+    except (LookupError, ValueError, FileNotFoundError) as e:
+        print(f"failslow report: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close()
+    print(f"report: {done['report']} ({done['anomalies']} anomalies, critical path of "
+          f"iteration {done['critical_iteration']}: {done['critical_segments']} segments, "
+          f"what-if {'yes' if done['whatif'] else 'no'})")
+    if "perfetto" in done:
+        print(f"perfetto trace: {done['perfetto']} ({done['trace_events']} events; open it at "
+              "ui.perfetto.dev or chrome://tracing)")
+    return 0

@@ -1,0 +1,316 @@
+"""The Grafana side as code: the dashboards of :mod:`failslow.dashboards.panels` as Grafana
+JSON (grafana-foundation-sdk, plus a small :class:`ClickHouseQuery` for the
+``grafana-clickhouse-datasource`` plugin, which the SDK lacks), the datasource and dashboard
+providers and the alert rules, written as the provisioning tree under ``infra/grafana``::
+
+    python -m failslow.dashboards.grafana --write infra/grafana   # regenerate
+    python -m failslow.dashboards.grafana --check infra/grafana   # exit 1 when stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from grafana_foundation_sdk.builders import dashboard as gdb
+from grafana_foundation_sdk.builders import heatmap, stat, table, text, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as gdm
+from grafana_foundation_sdk.models import heatmap as heatmap_models
+from grafana_foundation_sdk.models import text as text_models
+
+from failslow.dashboards.panels import (
+    DATASOURCE_UID,
+    DEFAULT_DATABASE,
+    PLUGIN,
+    TABLE,
+    TIMESERIES,
+    AnnotationDef,
+    DashboardDef,
+    PanelDef,
+    VariableDef,
+    alert_defs,
+    dashboards,
+)
+
+DATASOURCE = gdm.DataSourceRef(type_val=PLUGIN, uid=DATASOURCE_UID)
+FOLDER = "failslow"
+TAG = "failslow"
+
+# ---------------------------------------------------------------------------------------------
+# the query class the SDK lacks
+
+
+class ClickHouseQuery(cogvariants.Dataquery):
+    """A raw-SQL query of the ClickHouse plugin."""
+
+    def __init__(self, ref_id: str, sql: str, fmt: int = TABLE) -> None:
+        self.ref_id = ref_id
+        self.sql = sql
+        self.fmt = fmt
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "refId": self.ref_id,
+            "datasource": {"type": PLUGIN, "uid": DATASOURCE_UID},
+            "editorType": "sql",
+            "queryType": "timeSeries" if self.fmt == TIMESERIES else "table",
+            "format": self.fmt,
+            "rawSql": self.sql,
+        }
+
+
+class ClickHouseQueryBuilder(cogbuilder.Builder[ClickHouseQuery]):
+    def __init__(self, sql: str, fmt: int = TABLE, ref_id: str = "A") -> None:
+        self._query = ClickHouseQuery(ref_id, sql, fmt)
+
+    def build(self) -> ClickHouseQuery:
+        return self._query
+
+
+# ---------------------------------------------------------------------------------------------
+# SDK translation
+
+
+def _variable(v: VariableDef) -> gdb.QueryVariable:
+    var = (gdb.QueryVariable(v.name).label(v.label).query(v.sql).datasource(DATASOURCE)
+           .refresh(gdm.VariableRefresh.ON_TIME_RANGE_CHANGED).multi(v.multi)
+           .include_all(v.include_all).sort(gdm.VariableSort.DISABLED))
+    if v.include_all:
+        var = var.current(gdm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    elif v.default:
+        var = var.current(gdm.VariableOption(selected=True, text=v.default, value=v.default))
+    return var
+
+
+def _panel(p: PanelDef) -> cogbuilder.Builder[gdm.Panel]:
+    target = ClickHouseQueryBuilder(p.sql, p.fmt)
+    builder: Any
+    if p.kind == "timeseries":
+        builder = timeseries.Panel().line_width(1).fill_opacity(10)
+        if p.points:
+            builder = builder.draw_style(common.GraphDrawStyle.POINTS).point_size(8)
+    elif p.kind in ("table", "matrix"):
+        builder = table.Panel()
+    elif p.kind == "stat":
+        builder = stat.Panel().graph_mode(common.BigValueGraphMode.NONE)
+    elif p.kind == "heatmap":
+        builder = (heatmap.Panel().calculate(False)
+                   .color(heatmap.HeatmapColorOptions().mode(heatmap_models.HeatmapColorMode.SCHEME).scheme("Oranges")
+                          .min(0.9))
+                   .rows_frame(heatmap.RowsHeatmapOptions().layout(
+                       common.HeatmapCellLayout.AUTO))
+                   .show_value(common.VisibilityMode.NEVER))
+    elif p.kind == "text":
+        return (text.Panel().title(p.title).content(p.content).mode(text_models.TextMode.MARKDOWN)
+                .height(p.height).span(p.width))
+    else:
+        raise ValueError(f"unknown panel kind {p.kind!r}")
+    builder = (builder.title(p.title).description(p.description).datasource(DATASOURCE)
+               .with_target(target).height(p.height).span(p.width))
+    if p.unit:
+        builder = builder.unit(p.unit)
+    if p.thresholds:
+        builder = builder.thresholds(gdb.ThresholdsConfig().mode(gdm.ThresholdsMode.ABSOLUTE)
+                                     .steps([gdm.Threshold(value=v, color=c)
+                                             for c, v in p.thresholds]))
+    if p.kind == "matrix" and p.matrix is not None:
+        row, col, value = p.matrix
+        builder = (builder.with_transformation(gdm.DataTransformerConfig(
+            id_val="groupingToMatrix",
+            options={"rowField": row, "columnField": col, "valueField": value,
+                     "emptyValue": "null"}))
+            .cell_options(common.TableColoredBackgroundCellOptions(
+                mode=common.TableCellBackgroundDisplayMode.GRADIENT))
+            .color_scheme(gdb.FieldColor().mode(gdm.FieldColorModeId.CONTINUOUS_YL_RD)))
+    for fld, url in p.links:
+        builder = builder.override_by_name(fld, [gdm.DynamicConfigValue(
+            id_val="links", value=[{"title": "open job detail", "url": url}])])
+    return cast(cogbuilder.Builder[gdm.Panel], builder)
+
+
+def _annotation(a: AnnotationDef) -> Any:
+    built = (gdb.AnnotationQuery().name(a.name).datasource(DATASOURCE).enable(True)
+             .icon_color(a.color)).build()
+    built.target = ClickHouseQuery("Anno", a.sql, TABLE)  # type: ignore[assignment]
+    return built
+
+
+class _Built(cogbuilder.Builder[gdm.AnnotationQuery]):
+    def __init__(self, value: gdm.AnnotationQuery) -> None:
+        self._value = value
+
+    def build(self) -> gdm.AnnotationQuery:
+        return self._value
+
+
+def build(d: DashboardDef) -> dict[str, Any]:
+    """The dashboard JSON (a plain dict)."""
+    b = (gdb.Dashboard(d.title).uid(d.uid).description(d.description)
+         .tags([TAG, *d.tags]).time("now-6h", "now").refresh("1m").timezone("browser")
+         .tooltip(gdm.DashboardCursorSync.CROSSHAIR).editable()
+         .link(gdb.DashboardLink("failslow").type(gdm.DashboardLinkType.DASHBOARDS)
+               .tags([TAG]).as_dropdown(True).include_vars(True).keep_time(True)))
+    for v in d.variables:
+        b = b.with_variable(_variable(v))
+    for a in d.annotations:
+        b = b.annotation(_Built(_annotation(a)))
+    for p in d.panels:
+        b = b.with_panel(_panel(p))
+    out: dict[str, Any] = json.loads(json.dumps(b.build(), cls=JSONEncoder))
+    for i, panel in enumerate(out.get("panels", []), start=1):
+        panel["id"] = i
+    return out
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# provisioning
+
+
+def datasource_provisioning() -> dict[str, Any]:
+    """The ClickHouse datasource; host, user and password come from Grafana's environment."""
+    return {
+        "apiVersion": 1,
+        "datasources": [{
+            "name": "failslow ClickHouse",
+            "uid": DATASOURCE_UID,
+            "type": PLUGIN,
+            "isDefault": True,
+            "editable": False,
+            "jsonData": {
+                "host": "${FAILSLOW_CLICKHOUSE_HOST}",
+                "port": 8123,
+                "protocol": "http",
+                "secure": False,
+                "username": "${FAILSLOW_CLICKHOUSE_USER}",
+                "defaultDatabase": DEFAULT_DATABASE,
+            },
+            "secureJsonData": {"password": "${FAILSLOW_CLICKHOUSE_PASSWORD}"},
+        }],
+    }
+
+
+def dashboard_provisioning() -> dict[str, Any]:
+    return {
+        "apiVersion": 1,
+        "providers": [{
+            "name": "failslow",
+            "orgId": 1,
+            "folder": FOLDER,
+            "type": "file",
+            "disableDeletion": True,
+            "allowUiUpdates": False,
+            "updateIntervalSeconds": 60,
+            "options": {"path": "/var/lib/grafana/dashboards/failslow"},
+        }],
+    }
+
+
+def alert_provisioning(database: str = DEFAULT_DATABASE) -> dict[str, Any]:
+    """Grafana's file-provisioning format for alert rules."""
+    rules = []
+    for a in alert_defs(database):
+        query = ClickHouseQuery("A", a.sql, TABLE).to_json()
+        rules.append({
+            "uid": a.uid,
+            "title": a.title,
+            "condition": "B",
+            "data": [
+                {"refId": "A", "relativeTimeRange": {"from": 600, "to": 0},
+                 "datasourceUid": DATASOURCE_UID, "model": query},
+                {"refId": "B", "relativeTimeRange": {"from": 0, "to": 0},
+                 "datasourceUid": "__expr__",
+                 "model": {"refId": "B", "type": "threshold", "expression": "A",
+                           "datasource": {"type": "__expr__", "uid": "__expr__"},
+                           "conditions": [{"evaluator": {"type": "gt",
+                                                         "params": [a.threshold]}}]}},
+            ],
+            "noDataState": "OK",
+            "execErrState": "Error",
+            "for": a.for_,
+            "annotations": {"summary": a.summary},
+            "labels": {"severity": a.severity, "source": "failslow", **a.labels},
+            "isPaused": False,
+        })
+    return {"apiVersion": 1, "groups": [{"orgId": 1, "name": "failslow", "folder": FOLDER,
+                                         "interval": "1m", "rules": rules}]}
+
+
+def _yaml(obj: Any, head: str) -> str:
+    return head + yaml.safe_dump(obj, sort_keys=False, width=100, allow_unicode=True)
+
+
+GENERATED = "# Generated by python -m failslow.dashboards.grafana --write infra/grafana\n"
+
+
+def files() -> dict[str, str]:
+    """Every generated file, path relative to ``infra/grafana`` -> content."""
+    out = {f"dashboards/{d.uid}.json": dump_json(build(d)) for d in dashboards()}
+    out["provisioning/datasources/failslow.yaml"] = _yaml(datasource_provisioning(), GENERATED)
+    out["provisioning/dashboards/failslow.yaml"] = _yaml(dashboard_provisioning(), GENERATED)
+    out["provisioning/alerting/failslow.yaml"] = _yaml(alert_provisioning(), GENERATED)
+    return out
+
+
+def check(root: str | Path) -> list[str]:
+    """Differences between the generated files and those under ``root`` (unified diffs)."""
+    diffs = []
+    for rel, content in sorted(files().items()):
+        path = Path(root) / rel
+        old = path.read_text() if path.exists() else ""
+        if old != content:
+            diffs.append("".join(difflib.unified_diff(
+                old.splitlines(keepends=True), content.splitlines(keepends=True),
+                f"{path} (committed)", f"{path} (generated)", n=2)) or f"{path}: missing")
+    return diffs
+
+
+def write(root: str | Path) -> list[Path]:
+    written = []
+    for rel, content in sorted(files().items()):
+        path = Path(root) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m failslow.dashboards.grafana",
+        description="Write or check the Grafana provisioning tree (dashboards, datasource, "
+                    "alert rules).")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", metavar="DIR", help="write the files under DIR "
+                                                      "(infra/grafana)")
+    group.add_argument("--check", metavar="DIR", help="exit 1 when DIR's files differ from "
+                                                      "what would be generated")
+    args = parser.parse_args(argv)
+    if args.write:
+        for path in write(args.write):
+            print(path)
+        return 0
+    diffs = check(args.check)
+    for d in diffs:
+        sys.stdout.write(d)
+    if diffs:
+        print(f"{len(diffs)} file(s) out of date; run python -m failslow.dashboards.grafana "
+              f"--write {args.check}", file=sys.stderr)
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,602 @@
+"""``failslow bench accuracy`` and ``failslow bench detectors-throughput``.
+
+Accuracy (issue 3, item 9): a suite of simulated jobs (16 to 1024 ranks, every slow cause,
+severities from 1.15x compute and 1.3x link up to 5x, compound faults and clean runs with GC
+pauses, sequence-length variation and a heavy last stage) is generated with
+:mod:`failslow.simulator`, diagnosed with the same code path as ``failslow analyze``
+(:func:`failslow.analyze.analyze_tables`) and scored against the simulator's ``truth.json``:
+
+* a diagnosed slow anomaly *matches* a true one when their time intervals overlap (one to
+  one, largest overlap first); unmatched diagnosed anomalies are false positives, unmatched
+  true ones are misses: precision, recall and F1;
+* on matched pairs: cause, exact root ranks, link (the same two ranks; also the same two
+  nodes), stage; detection latency ``(detected_ns - true start) / baseline iteration``;
+* the three change-point methods of :mod:`failslow.detectors.changepoints` (``bocd+v``,
+  ``bocd``, ``window``) on each job's iteration-time series, side by side as in Greyhound
+  Tables 3 and 4 (job-level accuracy, false-positive and false-negative rates, and onset
+  F1 with a margin of two iterations).
+
+Throughput (item 10): the detectors over the ``coll`` rows of a simulated job, in batches,
+as rows per second and as a ratio to a plain read of the same rows from Parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from failslow.analyze import KINDS, run_analyzer
+from failslow.detectors.changepoints import METHODS, detect_changepoints
+from failslow.detectors.job import JobAnalyzer
+from failslow.diagnosis import Anomaly
+from failslow.replay import replay
+
+GPN = 8  # GPUs per node in every scenario (the simulator's default)
+CP_MARGIN = 2  # change-point scoring: a detection within this many iterations of the truth
+#: A true slow-down that costs the job less than this (truth ``slowdown``) is *marginal*: not
+#: a miss when undetected, not a false positive when reported.
+MIN_SLOWDOWN = 1.05
+
+
+# ---------------------------------------------------------------------------------------------
+# the suite
+
+
+@dataclass
+class Case:
+    """One scenario of the suite: a name, the simulator scenario dict and a seed."""
+
+    name: str
+    spec: dict[str, Any]
+    seed: int = 0
+    tags: tuple[str, ...] = ()
+
+    @property
+    def world(self) -> int:
+        p = self.spec["parallel"]
+        return int(p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1))
+
+
+def _job(tp: int, pp: int, dp: int, iterations: int = 32, mb: int | None = None,
+         sampling: str = "link", **over: Any) -> dict[str, Any]:
+    """A scenario dict. ``sampling``: ``link`` (coll, spans, link rows every 100 ms, gpu rows
+    every second), ``full`` (also progress rows) or ``bare`` (coll rows only)."""
+    samp = {"link": {"progress_ms": 0.0, "link_ms": 100.0, "gpu_ms": 1000.0},
+            "full": {"progress_ms": 50.0, "link_ms": 100.0, "gpu_ms": 1000.0},
+            "bare": {"progress_ms": 0.0, "link_ms": 0.0, "gpu_ms": 0.0, "spans": False},
+            }[sampling]
+    d: dict[str, Any] = {"job": f"acc-{tp}x{pp}x{dp}", "parallel": {"tp": tp, "pp": pp,
+                                                                   "dp": dp, "cp": 1},
+                         "microbatches": mb if mb is not None else max(4, 2 * pp),
+                         "iterations": iterations, "sampling": samp}
+    d.update(over)
+    return d
+
+
+def _pp_nodes(tp: int, dp: int, rank: int) -> list[int]:
+    """The nodes of ``rank`` and of its next pipeline stage's counterpart."""
+    return [rank // GPN, (rank + tp * dp) // GPN]
+
+
+def _dp_nodes(tp: int, dp: int, stage: int, hop: int = 0) -> list[int]:
+    """Two consecutive nodes of one stage (its DP rings cross them; the stage must span
+    more than one node)."""
+    size = tp * dp
+    if size <= GPN:
+        raise ValueError("the stage fits in one node: its DP rings cross no link")
+    first = stage * size // GPN
+    return [first + hop, first + hop + 1]
+
+
+def _comp(ranks: list[int], start: int, dur: int | None, sev: float,
+          stage: str | None = None) -> dict[str, Any]:
+    f: dict[str, Any] = {"cause": "compute", "ranks": ranks, "start": start, "severity": sev}
+    if dur is not None:
+        f["duration"] = dur
+    if stage:
+        f["stage"] = stage
+    return f
+
+
+def _link(nodes: list[int], start: int, dur: int | None, sev: float) -> dict[str, Any]:
+    f: dict[str, Any] = {"cause": "communication", "nodes": nodes, "start": start,
+                         "severity": sev}
+    if dur is not None:
+        f["duration"] = dur
+    return f
+
+
+def _mixed(rank: int, nodes: list[int], start: int, dur: int, sev: float,
+           lsev: float) -> dict[str, Any]:
+    return {"cause": "mixed", "ranks": [rank], "nodes": nodes, "start": start,
+            "duration": dur, "severity": sev, "link_severity": lsev}
+
+
+def suite(scale: float = 1.0) -> list[Case]:
+    """The scenarios (``scale`` < 1 keeps a smaller, cheaper subset). Faults are placed
+    where they cost the job time: a middle pipeline stage slowed by less than the last
+    stage's extra load is absorbed by pipeline bubbles (MEGATRACE §III-C), and such a
+    fault is no slow-down of the job."""
+    cases: list[Case] = []
+
+    def add(name: str, spec: dict[str, Any], seed: int = 0) -> None:
+        spec = dict(spec)
+        spec["job"] = f"acc-{name}"
+        cases.append(Case(name, spec, seed))
+
+    comp, link, mixed = _comp, _link, _mixed
+    big_pp = {"pp_bytes": 96 << 20}
+    heavy_dp = {"dp_bytes": 4 << 30}
+    gc = {"gc_prob": 0.01, "gc_ms": [30.0, 150.0]}
+
+    # --- compute stragglers: sizes 16..1024, severities 1.15..5
+    add("c16-tp2pp2dp4-1.5", _job(2, 2, 4, faults=[comp([5], 12, 12, 1.5)]))
+    add("c16-tp1pp4dp4-1.3", _job(1, 4, 4, faults=[comp([13], 14, 10, 1.3)]), 1)
+    add("c16-tp4pp1dp4-2", _job(4, 1, 4, faults=[comp([6], 12, 10, 2.0)]), 2)
+    add("c16-tp1pp8dp2-1.2-last", _job(1, 8, 2, faults=[comp([15], 14, 12, 1.2)]), 3)
+    add("c32-tp2pp4dp4-1.15-last", _job(2, 4, 4, faults=[comp([27], 14, 12, 1.15)]), 4)
+    add("c32-tp2pp4dp4-5", _job(2, 4, 4, faults=[comp([3], 12, 10, 5.0)]), 5)
+    add("c32-tp4pp2dp4-1.25", _job(4, 2, 4, faults=[comp([19], 12, 12, 1.25)]), 6)
+    add("c64-tp8pp2dp4-1.5", _job(8, 2, 4, faults=[comp([37], 12, 12, 1.5)]), 7)
+    add("c64-tp2pp4dp8-1.5-fwd", _job(2, 4, 8, faults=[comp([50], 12, 12, 1.5, "forward")]), 8)
+    add("c64-tp2pp4dp8-1.5-bwd", _job(2, 4, 8, faults=[comp([44], 12, 12, 1.5, "backward")]),
+        9)
+    add("c64-gpipe-1.5", _job(2, 4, 8, schedule="gpipe", faults=[comp([30], 12, 12, 1.5)]),
+        10)
+    add("c64-cp2-1.5", _job(2, 2, 8, parallel={"tp": 2, "pp": 2, "dp": 8, "cp": 2},
+                            faults=[comp([37], 12, 12, 1.5)]), 11)
+    add("c64-bare-2", _job(2, 4, 8, sampling="bare", faults=[comp([22], 12, 12, 2.0)]), 12)
+    add("c128-tp4pp4dp8-1.25-last", _job(4, 4, 8, faults=[comp([100], 14, 12, 1.25)]), 13)
+    add("c128-tp2pp8dp8-3", _job(2, 8, 8, mb=8, faults=[comp([100], 12, 8, 3.0)]), 14)
+    add("c256-tp8pp4dp8-1.3", _job(8, 4, 8, faults=[comp([200], 14, 10, 1.3)]), 15)
+    add("c256-tp4pp2dp32-1.5-open", _job(4, 2, 32, faults=[comp([131], 16, None, 1.5)]), 16)
+    add("c512-tp8pp8dp8-1.5", _job(8, 8, 8, iterations=28, mb=8,
+                                   faults=[comp([480], 12, 10, 1.5)]), 17)
+    add("c1024-tp8pp4dp32-1.5-last", _job(8, 4, 32, iterations=26, mb=8,
+                                          faults=[comp([777], 12, 8, 1.5)]), 18)
+    add("c1024-tp4pp4dp64-2", _job(4, 4, 64, iterations=26, mb=8,
+                                   faults=[comp([515], 12, 8, 2.0)]), 19)
+
+    # --- slow links: PP and DP, 1.3..5 (jobs with enough traffic that the link matters)
+    add("l16-tp2pp2dp4-pp-3", _job(2, 2, 4, timing=big_pp,
+                                   faults=[link(_pp_nodes(2, 4, 1), 12, 12, 3.0)]), 20)
+    add("l32-tp2pp2dp8-dp-1.3", _job(2, 2, 8, timing=heavy_dp,
+                                     faults=[link(_dp_nodes(2, 8, 1), 12, 12, 1.3)]), 21)
+    add("l64-tp2pp4dp8-dp-2", _job(2, 4, 8, faults=[link(_dp_nodes(2, 8, 0), 12, 12, 2.0)]), 22)
+    add("l64-tp2pp4dp8-pp-5", _job(2, 4, 8, timing=big_pp,
+                                   faults=[link(_pp_nodes(2, 8, 16), 12, 12, 5.0)]), 23)
+    add("l64-tp8pp4dp2-dp-1.5", _job(8, 4, 2, timing=heavy_dp,
+                                     faults=[link(_dp_nodes(8, 2, 0), 12, 12, 1.5)]), 24)
+    add("l64-bare-dp-3", _job(2, 4, 8, sampling="bare",
+                              faults=[link(_dp_nodes(2, 8, 2), 12, 12, 3.0)]), 25)
+    add("l128-tp4pp4dp8-pp-4", _job(4, 4, 8, timing=big_pp,
+                                    faults=[link(_pp_nodes(4, 8, 40), 12, 12, 4.0)]), 26)
+    add("l128-tp2pp8dp8-dp-3", _job(2, 8, 8, mb=8, timing=heavy_dp,
+                                    faults=[link(_dp_nodes(2, 8, 5), 12, 12, 3.0)]), 27)
+    add("l256-tp4pp2dp32-pp-3", _job(4, 2, 32, timing={"pp_bytes": 256 << 20},
+                                     faults=[link(_pp_nodes(4, 32, 60), 14, 10, 3.0)]), 28)
+    add("l512-tp2pp4dp64-pp-2", _job(2, 4, 64, iterations=28, timing={"pp_bytes": 256 << 20},
+                                     faults=[link(_pp_nodes(2, 64, 130), 12, 10, 2.0)]), 29)
+    add("l1024-tp8pp4dp32-pp-4", _job(8, 4, 32, iterations=26, mb=8,
+                                      timing={"pp_bytes": 256 << 20},
+                                      faults=[link(_pp_nodes(8, 32, 264), 12, 8, 4.0)]), 30)
+
+    # --- mixed: a slow rank whose own link is slow too
+    add("m64-tp2pp4dp8", _job(2, 4, 8, faults=[mixed(37, [4, 6], 12, 12, 1.3, 6.0)]), 31)
+    add("m32-tp2pp4dp4", _job(2, 4, 4, faults=[mixed(9, _pp_nodes(2, 4, 9), 12, 12, 1.5, 4.0)]),
+        32)
+    add("m128-tp4pp4dp8", _job(4, 4, 8, timing=big_pp,
+                               faults=[mixed(36, _pp_nodes(4, 8, 36), 12, 12, 1.4, 3.0)]), 33)
+
+    # --- compound: two faults at different times, two ranks at once, overlapping faults
+    add("x64-compute-then-link", _job(2, 4, 8, iterations=44,
+                                      faults=[comp([21], 8, 10, 1.6),
+                                              link(_pp_nodes(2, 8, 32), 28, 10, 8.0)]), 40)
+    add("x64-two-ranks-two-stages", _job(2, 4, 8, faults=[comp([9, 42], 12, 12, 1.4)]), 41)
+    add("x32-two-ranks-one-stage", _job(2, 4, 4, faults=[comp([17, 22], 12, 12, 1.5)]), 42)
+    add("x128-link-then-compute", _job(4, 4, 8, iterations=44, timing=big_pp,
+                                       faults=[link(_pp_nodes(4, 8, 8), 8, 10, 4.0),
+                                               comp([99], 28, 10, 1.5)]), 43)
+    add("x64-two-computes", _job(2, 4, 8, iterations=44,
+                                 faults=[comp([55], 8, 10, 1.3), comp([60], 28, 10, 2.0)]), 44)
+    add("x64-link-during-compute", _job(2, 4, 8, iterations=44,
+                                        faults=[comp([52], 8, 24, 1.3),
+                                                link(_dp_nodes(2, 8, 1), 18, 10, 3.0)]), 45)
+    add("x32-compute-during-compute", _job(2, 4, 4, iterations=44,
+                                           faults=[comp([26], 8, 24, 1.2),
+                                                   comp([3], 18, 10, 2.5)]), 46)
+
+    # --- faults in noisy jobs (GC pauses, sequence lengths, jitter)
+    add("n64-gc-compute-1.3", _job(2, 4, 8, noise={**gc, "seqlen_sigma": 0.1},
+                                   faults=[comp([49], 12, 12, 1.3)]), 47)
+    add("n128-noise-dp-2", _job(2, 8, 8, mb=8, timing=heavy_dp,
+                                noise={**gc, "compute_jitter": 0.04},
+                                faults=[link(_dp_nodes(2, 8, 0), 12, 12, 2.0)]), 48)
+    add("n32-gc-compute-2", _job(2, 4, 4, noise={"gc_prob": 0.02, "gc_ms": [30.0, 150.0]},
+                                 faults=[comp([12], 12, 12, 2.0)]), 49)
+
+    # --- clean runs: GC pauses, sequence-length variation, heavy last stage, jitter
+    add("h16-gc", _job(2, 2, 4, sampling="full", noise=gc), 50)
+    add("h32-seqlen", _job(2, 4, 4, sampling="full", noise={"seqlen_sigma": 0.15}), 51)
+    add("h64-heavy-last", _job(2, 4, 8, timing={"last_stage_factor": 1.5}), 52)
+    add("h64-all-noise", _job(2, 4, 8, timing={"last_stage_factor": 1.3},
+                              noise={**gc, "seqlen_sigma": 0.12, "compute_jitter": 0.05,
+                                     "comm_jitter": 0.08}), 53)
+    add("h16-tp1pp8dp2-noise", _job(1, 8, 2, noise={**gc, "seqlen_sigma": 0.1}), 54)
+    add("h128-gc-skew", _job(4, 4, 8, noise={**gc, "clock_skew_ms": 3.0}), 55)
+    add("h64-gpipe-noise", _job(2, 4, 8, schedule="gpipe", sampling="full",
+                                noise={"seqlen_sigma": 0.1, "compute_jitter": 0.04}), 56)
+    add("h256-noise", _job(8, 4, 8, noise={**gc, "seqlen_sigma": 0.1},
+                           timing={"last_stage_factor": 1.4}), 57)
+    add("h16-tp4pp1dp4-gc", _job(4, 1, 4, noise={"gc_prob": 0.03, "gc_ms": [50.0, 200.0]}), 58)
+    add("h512-noise", _job(2, 4, 64, iterations=28, noise={**gc, "seqlen_sigma": 0.1}), 59)
+    add("h1024-noise", _job(8, 4, 32, iterations=26, mb=8,
+                            noise={"gc_prob": 0.002, "seqlen_sigma": 0.08}), 60)
+    add("h64-comm-jitter", _job(2, 4, 8, noise={"comm_jitter": 0.15, "compute_jitter": 0.03},
+                                timing={"dp_bytes": 2 << 30}), 61)
+    add("h64-bare-noise", _job(2, 4, 8, sampling="bare", noise={**gc, "seqlen_sigma": 0.1}),
+        62)
+
+    if scale >= 1.0:
+        return cases
+    # a smaller suite: the cheapest scenarios, every kind represented
+    keep = max(5, int(round(len(cases) * scale)))
+    small = sorted(cases, key=lambda c: (c.world, c.name))
+    out: list[Case] = []
+    for prefix in ("c", "l", "m", "x", "h"):
+        first = next((c for c in small if c.name.startswith(prefix)), None)
+        if first is not None:
+            out.append(first)
+    for c in small:
+        if len(out) >= keep:
+            break
+        if c not in out:
+            out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+
+
+@dataclass
+class CaseResult:
+    """The outcome of one scenario."""
+
+    name: str
+    world: int
+    truth: list[dict[str, Any]]
+    found: list[dict[str, Any]]
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    false_positives: int = 0
+    misses: int = 0
+    seconds: float = 0.0
+    rows: int = 0
+    changepoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    iteration_error: float | None = None
+
+
+def _interval(a: Anomaly, horizon: int) -> tuple[int, int]:
+    lo = a.start_ns if a.start_ns is not None else 0
+    hi = a.end_ns if a.end_ns is not None else horizon
+    return lo, max(hi, lo)
+
+
+def _nodes(pair: list[int] | None, meta_nodes: dict[int, str]) -> list[str] | None:
+    if not pair:
+        return None
+    return sorted(meta_nodes.get(int(r), f"node{int(r) // GPN:03d}") for r in pair)
+
+
+def match(truth: list[Anomaly], found: list[Anomaly], horizon: int,
+          nodes: dict[int, str] | None = None) -> tuple[list[dict[str, Any]], int, int]:
+    """One-to-one matching of slow anomalies by time overlap (largest overlap first).
+    Returns the matched pairs' scores, the false positives and the misses."""
+    nodes = nodes or {}
+    t_all = [a for a in truth if a.kind == "slow"]
+    f_slow = [a for a in found if a.kind == "slow"]
+    marginal = [a for a in t_all if a.slowdown is not None and a.slowdown < MIN_SLOWDOWN]
+    t_slow = [a for a in t_all if a not in marginal]
+    for m in marginal:  # a report of a marginal slow-down is neither right nor wrong
+        mlo, mhi = _interval(m, horizon)
+        f_slow = [f for f in f_slow if not (min(mhi, _interval(f, horizon)[1])
+                                            >= max(mlo, _interval(f, horizon)[0]))]
+    pairs: list[tuple[int, int, int]] = []
+    for i, t in enumerate(t_slow):
+        tlo, thi = _interval(t, horizon)
+        for j, f in enumerate(f_slow):
+            flo, fhi = _interval(f, horizon)
+            ov = min(thi, fhi) - max(tlo, flo)
+            if ov >= 0:
+                pairs.append((ov, i, j))
+    pairs.sort(key=lambda x: -x[0])
+    used_t: set[int] = set()
+    used_f: set[int] = set()
+    out = []
+    for _, i, j in pairs:
+        if i in used_t or j in used_f:
+            continue
+        used_t.add(i)
+        used_f.add(j)
+        t, f = t_slow[i], f_slow[j]
+        base = t.extra.get("baseline_s")
+        latency = None
+        if base and t.start_ns is not None and f.detected_ns is not None:
+            latency = (f.detected_ns - t.start_ns) / (float(base) * 1e9)
+        t_link = sorted(t.link) if t.link else None
+        f_link = sorted(f.link) if f.link else None
+        out.append({
+            "truth": t.id, "found": f.id, "cause": f.cause == t.cause,
+            "ranks": sorted(f.ranks) == sorted(t.ranks),
+            "link": f_link == t_link if t_link is not None else None,
+            "link_nodes": (_nodes(f_link, nodes) == sorted(t.extra.get("nodes", [])))
+            if t_link is not None else None,
+            "stage": f.stage == t.stage, "latency": latency,
+            "true": {"cause": t.cause, "ranks": t.ranks, "link": t.link, "stage": t.stage},
+            "got": {"cause": f.cause, "ranks": f.ranks, "link": f.link, "stage": f.stage,
+                    "R": f.R, "P": f.P},
+        })
+    return out, len(f_slow) - len(used_f), len(t_slow) - len(used_t)
+
+
+def _iteration_index(starts: np.ndarray, ends: np.ndarray, t_ns: int) -> int:
+    """Index of the job iteration running at ``t_ns`` (the next one when between two)."""
+    return int(np.searchsorted(ends, t_ns, side="right")) if len(ends) else 0
+
+
+def score_changepoints(durations: np.ndarray, starts: np.ndarray, truth: list[Anomaly]
+                       ) -> dict[str, dict[str, Any]]:
+    """Greyhound Tables 3-4 per method: did it flag the job (any change point), and which
+    true onsets / reliefs it found within :data:`CP_MARGIN` iterations."""
+    ends = starts + durations
+    onsets, reliefs = [], []
+    for a in truth:
+        if a.kind != "slow" or a.start_ns is None:
+            continue
+        onsets.append(_iteration_index(starts, ends, a.start_ns))
+        if a.end_ns is not None and a.end_ns < (ends[-1] if len(ends) else 0):
+            reliefs.append(_iteration_index(starts, ends, a.end_ns) + 1)
+    true_cps = sorted(onsets + reliefs)
+    out: dict[str, dict[str, Any]] = {}
+    for method in METHODS:
+        cps = detect_changepoints(durations, method) if len(durations) else []
+        hit_onsets = sum(any(abs(c - o) <= CP_MARGIN for c in cps) for o in onsets)
+        tp = sum(any(abs(c - x) <= CP_MARGIN for c in cps) for x in true_cps)
+        fp = sum(not any(abs(c - x) <= CP_MARGIN for x in true_cps) for c in cps)
+        delays = []
+        for o in onsets:
+            after = [c for c in cps if c >= o - CP_MARGIN]
+            if after and min(after) - o <= 10:
+                delays.append(min(after) - o)
+        out[method] = {"changepoints": [int(c) for c in cps], "flagged": bool(cps),
+                       "onsets": len(onsets), "onsets_found": hit_onsets,
+                       "true_cps": len(true_cps), "tp": tp, "fp": fp,
+                       "exact_job": (bool(cps) == bool(onsets)) and fp == 0
+                       and hit_onsets == len(onsets)}
+    return out
+
+
+def run_case(case: Case) -> CaseResult:
+    """Simulate one scenario, diagnose it like ``failslow analyze`` and score it."""
+    from failslow.simulator import scenario_from_dict, simulate
+
+    sc = scenario_from_dict(case.spec, case.name)
+    sim = simulate(sc, case.seed)
+    tables = {k: pa.concat_tables(list(sim.iter_tables(k))) for k in sim.kinds if k in KINDS}
+    rows = tables["coll"].num_rows
+    t0 = time.perf_counter()
+    analyzer = run_analyzer(sim.meta, tables)
+    diag = analyzer.diagnosis()
+    seconds = time.perf_counter() - t0
+    horizon = int(max(int(np.max(tables["coll"].column("t").to_numpy())), 0))
+    nodes = {int(r): n for r, n in sim.meta.nodes.items()}
+    matches, fp, miss = match(sim.truth.anomalies, diag.anomalies, horizon, nodes)
+    res = CaseResult(case.name, case.world, [_brief(a) for a in sim.truth.anomalies],
+                     [_brief(a) for a in diag.anomalies], matches, fp, miss, seconds, rows)
+    job = np.array(analyzer.tracker.job, dtype=np.int64).reshape(-1, 3)
+    res.changepoints = score_changepoints(job[:, 2].astype(np.float64), job[:, 1],
+                                          sim.truth.anomalies)
+    true_it = (sim.truth.iterations or {}).get("median_s")
+    got_it = (diag.iterations or {}).get("median_s")
+    if true_it and got_it:
+        res.iteration_error = abs(got_it - true_it) / true_it
+    return res
+
+
+def _brief(a: Anomaly) -> dict[str, Any]:
+    return {"id": a.id, "cause": a.cause, "ranks": a.ranks, "link": a.link, "stage": a.stage,
+            "start_ns": a.start_ns, "detected_ns": a.detected_ns, "end_ns": a.end_ns,
+            "slowdown": a.slowdown, "R": a.R, "P": a.P}
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+def totals(results: list[CaseResult], clean: set[str]) -> dict[str, Any]:
+    """The suite's figures (module docstring)."""
+    tp = sum(len(r.matches) for r in results)
+    fp = sum(r.false_positives for r in results)
+    fn = sum(r.misses for r in results)
+    prec = tp / (tp + fp) if tp + fp else 1.0
+    rec = tp / (tp + fn) if tp + fn else 1.0
+    f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    ms = [m for r in results for m in r.matches]
+    lat = [m["latency"] for m in ms if m["latency"] is not None]
+    links = [m for m in ms if m["link"] is not None]
+    clean_fp = sum(len(r.found) for r in results if r.name in clean)
+    out: dict[str, Any] = {
+        "scenarios": len(results), "clean_scenarios": len(clean),
+        "true_slow": tp + fn, "found_slow": tp + fp,
+        "precision": round(prec, 4), "recall": round(rec, 4), "f1": round(f1, 4),
+        "cause_accuracy": _ratio(sum(m["cause"] for m in ms), len(ms)),
+        "root_rank_accuracy": _ratio(sum(m["ranks"] for m in ms), len(ms)),
+        "link_accuracy": _ratio(sum(bool(m["link"]) for m in links), len(links)),
+        "link_node_accuracy": _ratio(sum(bool(m["link_nodes"]) for m in links), len(links)),
+        "stage_accuracy": _ratio(sum(m["stage"] for m in ms), len(ms)),
+        "clean_false_positives": clean_fp,
+        "latency_median_iterations": round(float(np.median(lat)), 3) if lat else None,
+        "latency_p95_iterations": round(float(np.percentile(lat, 95)), 3) if lat else None,
+        "latency_max_iterations": round(float(np.max(lat)), 3) if lat else None,
+    }
+    errs = [r.iteration_error for r in results if r.iteration_error is not None]
+    if errs:
+        out["iteration_error_median"] = round(float(np.median(errs)), 5)
+        out["iteration_error_max"] = round(float(np.max(errs)), 5)
+    cps: dict[str, Any] = {}
+    for method in METHODS:
+        per = [r.changepoints[method] for r in results if method in r.changepoints]
+        pos = [p for p in per if p["onsets"]]
+        neg = [p for p in per if not p["onsets"]]
+        ctp = sum(p["tp"] for p in per)
+        cfp = sum(p["fp"] for p in per)
+        cfn = sum(p["true_cps"] - p["tp"] for p in per)
+        cprec = ctp / (ctp + cfp) if ctp + cfp else 1.0
+        crec = ctp / (ctp + cfn) if ctp + cfn else 1.0
+        cps[method] = {
+            "job_accuracy": _ratio(sum(p["exact_job"] for p in per), len(per)),
+            "fpr": _ratio(sum(p["flagged"] for p in neg), len(neg)),
+            "fnr": _ratio(sum(p["onsets_found"] < p["onsets"] for p in pos), len(pos)),
+            "cp_precision": round(cprec, 4), "cp_recall": round(crec, 4),
+            "cp_f1": round(2 * cprec * crec / (cprec + crec), 4) if cprec + crec else 0.0,
+        }
+    out["changepoints"] = cps
+    out["analyze_rows_per_s"] = round(sum(r.rows for r in results)
+                                      / max(sum(r.seconds for r in results), 1e-9))
+    return out
+
+
+def iter_results(cases: list[Case]) -> Iterator[CaseResult]:
+    for case in cases:
+        yield run_case(case)
+
+
+def bench_accuracy(args: argparse.Namespace) -> dict[str, Any]:
+    """``failslow bench accuracy [--json] [--scale S]``."""
+    scale = float(getattr(args, "scale", 1.0) or 1.0)
+    quiet = bool(getattr(args, "json", False))
+    cases = suite(scale)
+    clean = {c.name for c in cases if c.name.startswith("h")}
+    results: list[CaseResult] = []
+    t0 = time.perf_counter()
+    for res in iter_results(cases):
+        results.append(res)
+        if not quiet:
+            print(_line(res), flush=True)
+    out: dict[str, Any] = {"totals": totals(results, clean)}
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["per_scenario"] = [_summary(r) for r in results]
+    hang = _hang_suite(scale)
+    if hang is not None:
+        out["hang"] = hang
+    return out
+
+
+def _hang_suite(scale: float) -> dict[str, Any] | None:
+    try:
+        from failslow.detectors import accuracy_hang
+    except ImportError:
+        return None
+    fn: Callable[[float], dict[str, Any]] = accuracy_hang.hang_suite
+    return fn(scale)
+
+
+def _summary(r: CaseResult) -> dict[str, Any]:
+    return {"name": r.name, "ranks": r.world, "truth": len(r.truth), "found": len(r.found),
+            "matched": len(r.matches), "false_positives": r.false_positives,
+            "misses": r.misses,
+            "cause_ok": all(m["cause"] for m in r.matches),
+            "ranks_ok": all(m["ranks"] for m in r.matches),
+            "link_ok": all(m["link"] is not False for m in r.matches),
+            "stage_ok": all(m["stage"] for m in r.matches),
+            "latency": [None if m["latency"] is None else round(m["latency"], 2)
+                        for m in r.matches],
+            "R": [m["got"]["R"] for m in r.matches], "P": [m["got"]["P"] for m in r.matches],
+            "changepoints": {k: v["changepoints"] for k, v in r.changepoints.items()},
+            "seconds": round(r.seconds, 2)}
+
+
+def _line(r: CaseResult) -> str:
+    flags = []
+    for m in r.matches:
+        bad = [k for k in ("cause", "ranks", "link", "stage") if m[k] is False]
+        lat = "-" if m["latency"] is None else f"{m['latency']:.2f}"
+        flags.append(f"{m['got']['cause']}{m['got']['ranks']} lat {lat}"
+                     + (f" WRONG {','.join(bad)} (true {m['true']})" if bad else ""))
+    return (f"{r.name:28s} ranks {r.world:5d} truth {len(r.truth)} found {len(r.found)} "
+            f"fp {r.false_positives} miss {r.misses} {r.seconds:5.1f}s  " + "; ".join(flags))
+
+
+# ---------------------------------------------------------------------------------------------
+# throughput
+
+
+def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """``failslow bench detectors-throughput``: ``coll`` rows per second through the
+    detectors (iteration tracker, slow-down detector, and the whole JobAnalyzer including
+    the hang detector) on one core, batches of ``batch_ms`` of trace time, against a plain
+    read of the same rows from Parquet into Arrow."""
+    from failslow.detectors.iterations import IterationTracker
+    from failslow.detectors.slowdown import SlowdownDetector
+    from failslow.simulator import scenario_from_dict, simulate
+
+    scale = float(getattr(args, "scale", 1.0) or 1.0)
+    tp, pp, dp = (4, 4, 16) if scale >= 1.0 else (2, 2, 4)
+    iterations = max(8, int(round(30 * min(scale, 1.0))))
+    sc = scenario_from_dict(_job(tp, pp, dp, iterations=iterations, mb=8, faults=[
+        {"cause": "compute", "ranks": [tp * dp + 3], "start": iterations // 2,
+         "duration": iterations // 4, "severity": 1.5}]), "throughput")
+    sim = simulate(sc, 0)
+    coll = pa.concat_tables(list(sim.iter_tables("coll")))
+    n = coll.num_rows
+    buf = io.BytesIO()
+    pq.write_table(coll, buf)
+    data = buf.getvalue()
+
+    def read() -> pa.Table:
+        return pq.read_table(pa.BufferReader(data))
+
+    read_s = _best(lambda: read(), 3)
+    out: dict[str, Any] = {"rows": n, "ranks": sim.meta.world_size,
+                           "read_rows_per_s": round(n / read_s)}
+    for batch_ms in (100.0, 1000.0):
+        batches = [b for _, b in replay({"coll": coll}, int(batch_ms * 1e6))]
+        subjects: dict[str, Callable[[], Any]] = {
+            "tracker": lambda: IterationTracker(sim.meta),
+            "slowdown": lambda: SlowdownDetector(sim.meta),
+            "job": lambda: JobAnalyzer(sim.meta),
+        }
+        for name, make in subjects.items():
+            def run(make: Callable[[], Any] = make, batches: list[Any] = batches) -> None:
+                det = make()
+                for b in batches:
+                    det.update(b)
+            sec = _best(run, 2)
+            key = f"{name}_{int(batch_ms)}ms"
+            out[f"{key}_rows_per_s"] = round(n / sec)
+            out[f"{key}_vs_read"] = round(read_s / sec, 4)
+    return out
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "accuracy": bench_accuracy,
+    "detectors-throughput": bench_throughput,
+}

@@ -1,0 +1,399 @@
+"""A small hybrid-parallel training job on CPU (torch.distributed + gloo), instrumented by the
+failslow PyTorch collector, with injectable faults.
+
+8 processes on 127.0.0.1: tensor parallel 2 x pipeline parallel 2 x data parallel 2
+(rank = dp * 4 + pp * 2 + tp, Megatron's order). Each pipeline stage is one transformer-style
+MLP block split Megatron-style over the TP pair (column-parallel then row-parallel linear, one
+all-reduce forward and one backward); activations and gradients cross the stage boundary with
+send/recv in a 1F1B schedule; gradients are all-reduced over the DP group at the end of each
+iteration. Greyhound's S2 is applied through :mod:`failslow.collectors.mitigation_client`: each
+DP group runs its own micro-batch count and weights its gradients by m_i / M.
+
+Faults (greyhound.md §2, MEGATRACE §II): ``--straggler RANK:MS[:FROM_ITER]`` sleeps in every
+forward of that rank; ``--hang RANK:ITER`` makes that rank SIGSTOP itself; the driver sees the
+job stall, kills it, and marks the trace post-mortem (``import.json``). ``--slow-link`` is
+delegated to network namespaces by the caller (see the test).
+
+    python -m examples.hybrid_job --out DIR [--iters 12] [--straggler 5:30]
+
+The driver runs the node agent over the ranks' rings after the job and writes the trace
+directory ``DIR`` (meta.json with comms, coll.parquet), ready for ``failslow analyze DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TP, PP, DP = 2, 2, 2
+WORLD = TP * PP * DP
+
+
+def coords(rank: int) -> tuple[int, int, int]:
+    """(tp, pp, dp) index of ``rank``."""
+    return rank % TP, (rank // TP) % PP, rank // (TP * PP)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, cfg: dict[str, Any], progress: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from failslow.collectors.mitigation_client import MicrobatchClient
+    from failslow.collectors.torch_collector import TorchCollector
+
+    netns = cfg.get("netns")
+    if netns:  # enter this rank's "node" (network namespace) before any thread exists
+        ns, ifname = netns["ranks"][rank]
+        _setns(ns)
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR=netns["master"] if netns else "127.0.0.1",
+                      MASTER_PORT=str(cfg["port"]))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    col = TorchCollector.install(job=cfg["job"], ring_dir=cfg["ring_dir"])
+    tp_i, pp_i, dp_i = coords(rank)
+    groups: dict[str, Any] = {}
+    # every rank creates every group, in the same order (torch requires it)
+    for d in range(DP):
+        for p in range(PP):
+            g = col.new_group([d * 4 + p * 2 + t for t in range(TP)], kind="tp")
+            if (d, p) == (dp_i, pp_i):
+                groups["tp"] = g
+    for d in range(DP):
+        for t in range(TP):
+            g = col.new_group([d * 4 + p * 2 + t for p in range(PP)], kind="pp")
+            if (d, t) == (dp_i, tp_i):
+                groups["pp"] = g
+    for p in range(PP):
+        for t in range(TP):
+            g = col.new_group([d * 4 + p * 2 + t for d in range(DP)], kind="dp")
+            if (p, t) == (pp_i, tp_i):
+                groups["dp"] = g
+    prev = rank - TP if pp_i > 0 else None
+    nxt = rank + TP if pp_i < PP - 1 else None
+
+    class _TPReduce(torch.autograd.Function):  # row-parallel output: all-reduce forward
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            dist.all_reduce(x, group=groups["tp"])
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    class _TPCopy(torch.autograd.Function):  # column-parallel input: all-reduce backward
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            g = g.clone()
+            dist.all_reduce(g, group=groups["tp"])
+            return g
+
+    H, F, B = cfg["hidden"], cfg["ffn"], cfg["batch"]
+    torch.manual_seed(1000 + pp_i * 10 + tp_i)  # the same weights in every DP replica
+    w1 = (torch.randn(H, F // TP) / H ** 0.5).requires_grad_()
+    w2 = (torch.randn(F // TP, H) / F ** 0.5).requires_grad_()
+    params = [w1, w2]
+    opt = torch.optim.SGD(params, lr=0.01)
+    client = MicrobatchClient(cfg["advice"], dp_rank=dp_i, dp_size=DP,
+                              total=cfg["microbatches"] * DP) if cfg.get("advice") else None
+    straggler = cfg.get("straggler")  # (rank, ms, from_iter)
+    hang = cfg.get("hang")  # (rank, iter)
+
+    def forward(x: torch.Tensor, it: int) -> torch.Tensor:
+        if straggler and straggler[0] == rank and it >= straggler[2]:
+            time.sleep(straggler[1] / 1000)
+        h = torch.relu(_TPCopy.apply(x) @ w1)
+        return x + _TPReduce.apply(h @ w2)
+
+    times = []
+    for it in range(cfg["iters"]):
+        t0 = time.perf_counter()
+        if hang and hang[0] == rank and it == hang[1]:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        m = client.microbatches() if client else cfg["microbatches"]
+        total = client.total if client else m * DP
+        opt.zero_grad()
+        gen = torch.Generator().manual_seed(it * 100 + dp_i)
+        inputs = [torch.randn(B, H, generator=gen) for _ in range(m)]
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        sends: list[Any] = []
+        warmup = min(PP - pp_i - 1, m)
+
+        def fwd(i: int, inputs: list[torch.Tensor] = inputs, it: int = it,
+                sends: list[Any] = sends,
+                saved: list[tuple[torch.Tensor, torch.Tensor]] = saved) -> None:
+            if prev is None:
+                x = inputs[i]
+            else:
+                x = torch.empty(B, H)
+                dist.recv(x, src=prev, group=groups["pp"])
+            x.requires_grad_()
+            y = forward(x, it)
+            if nxt is not None:
+                w = dist.isend(y.detach(), dst=nxt, group=groups["pp"])
+                sends.append(w)
+            saved.append((x, y))
+
+        def bwd(i: int, sends: list[Any] = sends,
+                saved: list[tuple[torch.Tensor, torch.Tensor]] = saved) -> None:
+            x, y = saved[i]
+            if nxt is None:
+                loss = (y ** 2).mean()
+                loss.backward()
+            else:
+                g = torch.empty(B, H)
+                dist.recv(g, src=nxt, group=groups["pp"])
+                y.backward(g)
+            if prev is not None:
+                assert x.grad is not None
+                sends.append(dist.isend(x.grad, dst=prev, group=groups["pp"]))
+
+        for i in range(warmup):
+            fwd(i)
+        for i in range(m - warmup):
+            fwd(i + warmup)
+            bwd(i)
+        for i in range(m - warmup, m):
+            bwd(i)
+        for w in sends:
+            w.wait()
+        # DP gradient all-reduce, S2-weighted: every replica's sum over its own m_i
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        flat /= total
+        dist.all_reduce(flat, group=groups["dp"])
+        off = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[off:off + n].view_as(p))
+            off += n
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        progress[rank] = it + 1
+        if client:
+            client.report(it, times[-1])
+    col.close()
+    with open(os.path.join(cfg["ring_dir"], f"times-{rank}.json"), "w") as fh:
+        json.dump(times, fh)
+    dist.destroy_process_group()
+
+
+def _setns(name: str) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns({name})")
+    finally:
+        os.close(fd)
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+class SlowLink:
+    """Two "nodes" as network namespaces (ranks of DP replica 0 / 1), joined by two veth pairs.
+
+    Ranks ``a`` and ``b`` (one in each node) talk over the second pair only; every other
+    cross-node flow uses the first. :meth:`slow_down` limits the second pair's rate with a
+    ``tc`` token-bucket filter (``tbf``; ``netem`` delay where the kernel has it is the other
+    choice): exactly one link, a <-> b, becomes slow (Greyhound §2's congested link).
+    Needs root (``ip netns``)."""
+
+    def __init__(self, a: int, b: int, rate_mbit: float) -> None:
+        self.a, self.b, self.rate_mbit = a, b, rate_mbit
+        tag = f"{os.getpid() % 100000}"
+        self.ns = (f"fsA{tag}", f"fsB{tag}")
+        self.created: list[str] = []
+        self.ifs = {(0, 1): f"fa1{tag}", (0, 2): f"fa2{tag}", (1, 1): f"fb1{tag}",
+                    (1, 2): f"fb2{tag}"}
+
+    def __enter__(self) -> SlowLink:
+        try:
+            for ns in self.ns:
+                _sh("ip", "netns", "add", ns)
+                self.created.append(ns)
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            for pair in (1, 2):
+                a_if, b_if = self.ifs[(0, pair)], self.ifs[(1, pair)]
+                _sh("ip", "link", "add", a_if, "netns", self.ns[0], "type", "veth", "peer",
+                    "name", b_if, "netns", self.ns[1])
+                for side, ifn in ((0, a_if), (1, b_if)):
+                    _sh("ip", "-n", self.ns[side], "addr", "add",
+                        f"10.77.{pair}.{side + 1}/24", "dev", ifn)
+                    _sh("ip", "-n", self.ns[side], "link", "set", ifn, "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        ranks = {}
+        for r in range(WORLD):
+            side = coords(r)[2]
+            pair = 2 if r in (self.a, self.b) else 1
+            ranks[r] = (self.ns[side], self.ifs[(side, pair)])
+        return {"ranks": ranks, "master": "10.77.1.1"}
+
+    def slow_down(self) -> None:
+        for side in (0, 1):
+            _sh("ip", "netns", "exec", self.ns[side], "tc", "qdisc", "add", "dev",
+                self.ifs[(side, 2)], "root", "tbf", "rate", f"{self.rate_mbit}mbit",
+                "burst", "16kb", "latency", "2s")
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in self.created:
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        self.created.clear()
+
+
+def _parse_fault(text: str | None, n: int) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = [int(v) for v in text.split(":")]
+    return tuple(parts + [0] * (n - len(parts)))
+
+
+def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int = 128,
+        ffn: int = 512, batch: int = 32, straggler: str | None = None, hang: str | None = None,
+        advice: str | None = None, stall_s: float = 6.0, timeout_s: float = 120.0,
+        job: str = "example", slow_link: str | None = None) -> dict[str, Any]:
+    """Run the job, then the agent over its rings; returns a summary (``hung``, times)."""
+    import torch.optim  # noqa: F401 -- imported once here, shared by the forked ranks
+
+    with contextlib.suppress(ImportError):
+        import torch._dynamo  # noqa: F401 -- slow to import (seconds) in each rank otherwise
+
+    link = None
+    if slow_link:  # A:B:MBIT[:FROM_ITER]
+        a, b, ms, *rest = (int(v) for v in slow_link.split(":"))
+        link = SlowLink(a, b, ms)
+        link.__enter__()
+        link_from = rest[0] if rest else 0
+    try:
+        return _run(out, iters=iters, microbatches=microbatches, hidden=hidden, ffn=ffn,
+                    batch=batch, straggler=straggler, hang=hang, advice=advice,
+                    stall_s=stall_s, timeout_s=timeout_s, job=job, link=link,
+                    link_from=link_from if link else 0)
+    finally:
+        if link:
+            link.__exit__()
+
+
+def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: int, batch: int,
+         straggler: str | None, hang: str | None, advice: str | None, stall_s: float,
+         timeout_s: float, job: str, link: SlowLink | None, link_from: int) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    from failslow.collectors.agent import Agent, TraceDirSink
+
+    out = Path(out)
+    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
+    ring_dir = Path(tempfile.mkdtemp(prefix="failslow-example-", dir=base))
+    cfg = {"port": _free_port(), "job": job, "ring_dir": str(ring_dir), "iters": iters,
+           "microbatches": microbatches, "hidden": hidden, "ffn": ffn, "batch": batch,
+           "straggler": _parse_fault(straggler, 3), "hang": _parse_fault(hang, 2),
+           "advice": advice, "netns": link.spec() if link else None}
+    ctx = mp.get_context("fork")
+    progress = ctx.Array("i", WORLD)
+    procs = [ctx.Process(target=_worker, args=(r, cfg, progress), daemon=True)
+             for r in range(WORLD)]
+    # the node agent runs beside the job, as in production: it drains the rings while the
+    # ranks write them (the trace directory is written when it closes)
+    agent = Agent(TraceDirSink(out), ring_dir, job=job, collectors={"gpu": False, "rdma": False},
+                  degrees={"tp": TP, "pp": PP, "dp": DP}, microbatches=microbatches,
+                  schedule="1f1b")
+    for p in procs:
+        p.start()
+    hung, last, last_change = False, -1, time.monotonic()
+    t0 = time.monotonic()
+    progress_file = out.parent / (out.name + ".progress")
+    try:
+        while any(p.is_alive() for p in procs):
+            s = sum(progress[:])
+            now = time.monotonic()
+            if s != last:
+                last, last_change = s, now
+                progress_file.write_text(str(min(progress[:])))
+                if link and link_from and min(progress[:]) >= link_from:
+                    link.slow_down()
+                    link_from = 0
+            elif (last > 0 and now - last_change > stall_s) or now - t0 > timeout_s:
+                hung = True
+                break
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            agent.drain_rings()
+            time.sleep(0.1)
+    except BaseException:
+        shutil.rmtree(ring_dir, ignore_errors=True)
+        raise
+    finally:  # never leave ranks behind (e.g. a tc error)
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            p.join()
+    failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+    agent.close()  # drains what is left; rings of the (dead) ranks are removed
+    if hung:  # a snapshot of a job that stopped making progress (failslow analyze semantics)
+        (out / "import.json").write_text(json.dumps({"post_mortem": True,
+                                                     "source": "examples.hybrid_job"}))
+    times = {}
+    for r in range(WORLD):
+        f = ring_dir / f"times-{r}.json"
+        if f.exists():
+            times[r] = json.loads(f.read_text())
+    shutil.rmtree(ring_dir, ignore_errors=True)
+    progress_file.unlink(missing_ok=True)
+    (out / "iteration_times.json").write_text(json.dumps(times))
+    return {"hung": hung, "failed": [] if hung else failed, "times": times,
+            "records": agent.stats["records"], "wall_s": time.monotonic() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=12)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--straggler", help="RANK:MS[:FROM_ITER] sleep in every forward")
+    ap.add_argument("--hang", help="RANK:ITER: that rank stops (SIGSTOP) at that iteration")
+    ap.add_argument("--advice", help="S2 advice file or http://127.0.0.1:PORT/ URL "
+                    "(progress: the lowest finished iteration is kept in OUT.progress)")
+    ap.add_argument("--slow-link", help="A:B:MBIT[:FROM_ITER]: netns + tc rate limit on link A-B "
+                    "(root; A in DP replica 0, B in replica 1)")
+    ap.add_argument("--stall-s", type=float, default=6.0)
+    a = ap.parse_args(argv)
+    summary = run(a.out, iters=a.iters, microbatches=a.microbatches, straggler=a.straggler,
+                  hang=a.hang, advice=a.advice, stall_s=a.stall_s, slow_link=a.slow_link)
+    summary.pop("times")
+    print(json.dumps(summary))
+    return 0 if not summary["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
