@@ -13,19 +13,24 @@ import dataclasses
 import json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from failslow import events
+from failslow.detectors.base import EventBatch
 from failslow.detectors.hang import HangConfig
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.detectors.slowdown import infer_comms
-from failslow.detectors.whatif import whatif
+from failslow.detectors.whatif import COLL_COLUMNS, SPAN_COLUMNS, whatif
 from failslow.diagnosis import Diagnosis
 from failslow.events import JobMeta
-from failslow.replay import DEFAULT_WINDOW_NS, replay
+from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
 
 #: Record kinds the detectors read.
@@ -56,6 +61,11 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     and ``coll`` present; when ``meta.comms`` is empty the communicators are inferred from
     the ``coll`` rows.
 
+    Parquet files are read row group by row group as the replay reaches their time range
+    (:func:`replay_dir`), so a trace written in time order (the simulator, the collectors)
+    is analysed in bounded memory; rows in any order are still replayed exactly in time
+    order (a file whose row groups all span the whole trace is then read at once).
+
     ``post_mortem`` (default: what the trace's ``import.json`` says): the trace is a snapshot
     taken after the job stopped, so operations still in flight at its end never completed;
     the detectors get one last tick past the hang ceiling. A trace that was merely cut off
@@ -64,14 +74,188 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         post_mortem = is_post_mortem(trace_dir)
     td = TraceDir(trace_dir)
     meta = td.meta()
-    tables: dict[str, pa.Table] = {k: td.read(k) for k in KINDS if k in td.kinds}
-    diag = analyze_tables(meta, tables, window_ns, config, post_mortem)
-    # What-if (ByteDance §3): offline it sees the whole trace at once, better than the
-    # stream's sliding window.
-    if not meta.comms and "coll" in tables:
-        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
-    diag.whatif = whatif({k: tables[k] for k in ("span", "coll") if k in tables}, meta)
+    if not meta.comms:
+        meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
+    analyzer = JobAnalyzer(meta, config)
+    whatif_input = WhatIfInput()
+    now = None
+    for now, batch in replay_dir(td, window_ns):
+        analyzer.update(batch)
+        analyzer.on_tick(now)
+        whatif_input.add(batch)
+    if post_mortem and now is not None:
+        hang = (config.hang if config else None) or HangConfig()
+        analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
+    diag = analyzer.diagnosis()
+    diag.whatif = whatif_input.result(meta)
     return diag
+
+
+#: What-if input kept by ``analyze`` (span and coll rows, only the columns it reads).
+WHATIF_MAX_ROWS = 40_000_000
+
+
+class WhatIfInput:
+    """The ``span`` and ``coll`` rows the what-if analysis (ByteDance §3) reads, collected
+    while a trace is replayed: offline it sees the whole trace at once, better than the
+    stream's sliding window. Past ``max_rows`` rows it gives up (logged) so that memory
+    stays bounded; the stream processor's windowed analysis covers such jobs."""
+
+    def __init__(self, max_rows: int = WHATIF_MAX_ROWS) -> None:
+        self.max_rows = max_rows
+        self.rows = 0
+        self.parts: dict[str, list[pa.Table]] = {"span": [], "coll": []}
+        self.skipped = False
+
+    def add(self, batch: EventBatch) -> None:
+        if self.skipped:
+            return
+        for kind, columns in (("span", SPAN_COLUMNS), ("coll", COLL_COLUMNS)):
+            table = batch.get(kind)
+            if table is None or not table.num_rows:
+                continue
+            self.rows += table.num_rows
+            self.parts[kind].append(table.select([c for c in table.column_names
+                                                  if c in columns]))
+        if self.rows > self.max_rows:
+            log.info("what-if analysis skipped: more than %d span and coll rows",
+                     self.max_rows)
+            self.skipped = True
+            self.parts = {"span": [], "coll": []}
+
+    def result(self, meta: JobMeta) -> dict[str, Any] | None:
+        if self.skipped:
+            return None
+        tables = {k: pa.concat_tables(v, promote_options="permissive")
+                  for k, v in self.parts.items() if v}
+        if not tables:
+            return None
+        return whatif(tables, meta)
+
+
+def _membership(td: TraceDir) -> pa.Table:
+    """The ``coll`` columns that tell communicator membership, deduplicated as read."""
+    cols = ["comm", "comm_rank", "rank", "op"]
+    parts = []
+    for table in td.iter_batches("coll"):
+        part = table.select(cols).group_by(cols).aggregate([])
+        parts.append(part)
+    if not parts:
+        return events.empty("coll").select(cols)
+    return pa.concat_tables(parts).group_by(cols).aggregate([])
+
+
+class _Source:
+    """One record kind of a trace directory, read in time order: Parquet row groups are
+    loaded when the replay reaches their smallest time (from the file's statistics), rows
+    are emitted window by window and the rest is kept."""
+
+    def __init__(self, td: TraceDir, kind: str) -> None:
+        self.kind = kind
+        self.key = TIME_COLUMN[kind]
+        self.groups: list[tuple[int, int, int]] = []  # (min t, max t, row group)
+        self.pf: pq.ParquetFile | None = None
+        self.whole: pa.Table | None = None
+        self.path = td.path / f"{kind}.parquet"
+        self.offsets: list[int] = []
+        if kind in td.kinds and self.path.exists() and self._stats():
+            return
+        table = td.read(kind) if kind in td.kinds else events.empty(kind)
+        self.whole = table
+        self.groups = []
+        if table.num_rows:
+            mm = pc.min_max(table.column(self.key)).as_py()
+            self.groups = [(int(mm["min"]), int(mm["max"]), -1)]
+        self.buffer: pa.Table | None = None
+
+    def _stats(self) -> bool:
+        try:
+            pf = pq.ParquetFile(self.path)
+        except (pa.ArrowInvalid, OSError):
+            return False  # TraceDir reports it
+        names = pf.schema_arrow.names
+        if self.key not in names:
+            return False
+        col = names.index(self.key)
+        groups = []
+        offset = 0
+        for i in range(pf.metadata.num_row_groups):
+            rg = pf.metadata.row_group(i)
+            st = rg.column(col).statistics
+            if rg.num_rows == 0:
+                self.offsets.append(offset)
+                continue
+            if st is None or not st.has_min_max or st.null_count:
+                return False
+            groups.append((int(st.min), int(st.max), i))
+            self.offsets.append(offset)
+            offset += rg.num_rows
+        self.pf = pf
+        self.groups = sorted(groups)
+        self.buffer = None
+        return True
+
+    def bounds(self) -> tuple[int, int] | None:
+        if not self.groups:
+            return None
+        return min(g[0] for g in self.groups), max(g[1] for g in self.groups)
+
+    def take(self, until: int) -> pa.Table | None:
+        """Rows with time <= ``until`` not emitted yet, in time order."""
+        loaded = []
+        while self.groups and self.groups[0][0] <= until:
+            _, _, i = self.groups.pop(0)
+            if i < 0:
+                assert self.whole is not None
+                loaded.append(self.whole)
+                self.whole = None
+            else:
+                assert self.pf is not None
+                try:
+                    raw = self.pf.read_row_group(i)
+                except (pa.ArrowInvalid, OSError) as e:
+                    raise events.ContractError(f"corrupt Parquet data in row group {i} ({e})",
+                                               source=str(self.path)) from None
+                loaded.append(events.conform(raw, self.kind, str(self.path),
+                                             self.offsets[i]))
+        if loaded:
+            parts = ([self.buffer] if self.buffer is not None else []) + loaded
+            table = pa.concat_tables(parts, promote_options="permissive")
+            self.buffer = table.take(pc.sort_indices(table, sort_keys=[(self.key,
+                                                                         "ascending")]))
+        if self.buffer is None or self.buffer.num_rows == 0:
+            return None
+        t = self.buffer.column(self.key).to_numpy()
+        cut = int(np.searchsorted(t, until, side="right"))
+        if cut == 0:
+            return None
+        out = self.buffer.slice(0, cut)
+        self.buffer = self.buffer.slice(cut)
+        return out
+
+
+def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[str, ...] = KINDS
+               ) -> Iterator[tuple[int, EventBatch]]:
+    """:func:`failslow.replay.replay` of a trace directory, reading Parquet row groups only
+    when their time comes (the same windows and batches as a replay of the whole tables)."""
+    if window_ns <= 0:
+        raise ValueError("window_ns must be positive")
+    sources = [_Source(td, k) for k in kinds if k in td.kinds]
+    bounds = [b for b in (s.bounds() for s in sources) if b is not None]
+    if not bounds:
+        return
+    t0, t1 = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    # the windows of failslow.replay.replay: (now - window, now], from t0 - 1
+    n = (t1 - (t0 - 1) + window_ns - 1) // window_ns
+    for k in range(1, n + 1):
+        edge = t0 - 1 + k * window_ns
+        batch: EventBatch = {}
+        for s in sources:
+            part = s.take(min(edge, t1))
+            if part is not None and part.num_rows:
+                batch[s.kind] = part
+        if batch:
+            yield min(edge, t1), batch
 
 
 def analyze_tables(meta: JobMeta, tables: Mapping[str, pa.Table],
@@ -80,7 +264,13 @@ def analyze_tables(meta: JobMeta, tables: Mapping[str, pa.Table],
     """:func:`analyze` on tables already in memory (the same code path: replay in time
     order, ``update`` then ``on_tick(now)`` per batch). Kinds other than :data:`KINDS` are
     ignored."""
-    return run_analyzer(meta, tables, window_ns, config, post_mortem).diagnosis()
+    diag = run_analyzer(meta, tables, window_ns, config, post_mortem).diagnosis()
+    whatif_input = WhatIfInput()
+    whatif_input.add({k: t for k, t in tables.items() if k in ("span", "coll")})
+    if not meta.comms and "coll" in tables:
+        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
+    diag.whatif = whatif_input.result(meta)
+    return diag
 
 
 def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],

@@ -23,6 +23,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.notify_cli",
     "failslow.report_cli",
     "failslow.agent_cli",
+    "failslow.stream_cli",
+    "failslow.changepoints_cli",
 )
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (
@@ -33,6 +35,8 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.collectors.bench_native",
     "failslow.detectors.mitigation_eval",
     "failslow.detectors.accuracy_hang",
+    "failslow.detectors.accuracy",
+    "failslow.stream.bench",
 )
 
 DESCRIPTION = """\

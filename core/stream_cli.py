@@ -125,6 +125,10 @@ def add_parser(subparsers: Any) -> None:
     pr.add_argument("--whatif", action=argparse.BooleanOptionalAction, default=False,
                     help="run the what-if analysis per job and store its results "
                          "(default: no)")
+    pr.add_argument("--window-ms", type=float, default=100.0,
+                    help="the detectors get a job's events in windows of this much event "
+                         "time, as 'failslow analyze --window-ms' (default %(default)s; "
+                         "larger windows cost less CPU per event)")
     pr.add_argument("--clock", choices=("wall", "event", "system"), default="wall",
                     help="time of the hang detector: 'wall' (event time advanced by wall "
                          "time once caught up, the default), 'event' or 'system'")
@@ -334,7 +338,7 @@ def cmd_process(args: argparse.Namespace) -> int:
             whatif_factory=default_whatif if args.whatif else None, clock=args.clock,
             tick_interval_ns=100_000_000, checkpoint_interval_s=args.checkpoint_interval,
             snapshot_interval_s=args.snapshot_interval, store_events=args.store_events,
-            detect=args.detect,
+            detect=args.detect, window_ns=int(args.window_ms * 1e6),
             max_backpressure_retries=None, max_backoff_s=args.max_backoff,
             silence_grace_s=args.silence_grace)
         proc = processor
@@ -414,6 +418,8 @@ def cmd_query_anomalies(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 150)
     it = diag.iterations or {}
     console.print(f"job [bold]{diag.job}[/]: {it.get('count', 0)} iterations, median "
                   f"{it.get('median_s', '-')} s")

@@ -25,6 +25,7 @@ crossing the next, so a delay anywhere shows in exactly one job iteration.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +43,108 @@ _U64 = np.uint64
 _M1, _M2, _M3 = _U64(0x9E3779B97F4A7C15), _U64(0xC2B2AE3D27D4EB4F), _U64(0x165667B19E3779F9)
 
 
+# ---------------------------------------------------------------------------------------------
+# decoded coll rows and grouping helpers (shared with the slow-down detector)
+
+_DECODED: list[Any] = [None, None]  # the latest table and its columns
+
+
+def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
+    """The ``coll`` columns the detectors use as numpy arrays, decoded once per table
+    (the detectors of one job see the same batch): ``rank``, ``comm_rank``, ``comm_size``,
+    ``seq``, ``peer``, ``t``, ``t_start`` (``NULL_TIME`` when null) as int64, ``comm`` as
+    uint64, ``bytes`` as int64, ``op`` as its index in ``events.COLL_OPS`` and
+    ``is_enter``."""
+    if _DECODED[0] is coll:
+        cached: dict[str, np.ndarray] = _DECODED[1]
+        return cached
+    op = pc.index_in(coll.column("op"), value_set=pa.array(events.COLL_OPS))
+    out = {
+        "rank": coll.column("rank").to_numpy().astype(np.int64),
+        "comm": coll.column("comm").to_numpy().astype(np.uint64),
+        "comm_rank": coll.column("comm_rank").to_numpy().astype(np.int64),
+        "comm_size": coll.column("comm_size").to_numpy().astype(np.int64),
+        "seq": coll.column("seq").to_numpy().astype(np.int64),
+        "op": pc.fill_null(op, -1).to_numpy(zero_copy_only=False).astype(np.int64),
+        "bytes": coll.column("bytes").to_numpy().astype(np.uint64).view(np.int64),
+        "peer": coll.column("peer").to_numpy().astype(np.int64),
+        "is_enter": pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False),
+        "t": coll.column("t").to_numpy().astype(np.int64),
+        "t_start": pc.fill_null(coll.column("t_start"), events.NULL_TIME).to_numpy()
+        .astype(np.int64),
+    }
+    _DECODED[0], _DECODED[1] = coll, out
+    return out
+
+
+def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:
+    """One int64 per row ordering like the ``by`` columns lexicographically (each column
+    offset by its minimum and given just enough bits); None when they do not fit."""
+    n = len(cols[by[0]])
+    key = np.zeros(n, dtype=np.int64)
+    used = 0
+    for k in reversed(by):
+        v = cols[k].astype(np.int64, copy=False)
+        lo = int(v.min())
+        bits = max(1, (int(v.max()) - lo).bit_length())
+        if used + bits > 62:
+            return None
+        if used:
+            key |= (v - lo) << used
+        else:
+            key = v - lo
+        used += bits
+    return key
+
+
+def _sorted_groups(cols: dict[str, np.ndarray], by: tuple[str, ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(order sorting the rows by the ``by`` columns lexicographically, start offsets of
+    the groups of equal keys in that order): one int64 sort when the keys pack."""
+    n = len(cols[by[0]])
+    key = _pack(cols, by) if n else None
+    if key is None:
+        order = np.lexsort([cols[k] for k in reversed(by)])
+        return order, _group_starts(*[cols[k][order] for k in by])
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    return order, np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+
+
+def rank_time_order(rank: np.ndarray, t: np.ndarray, third: np.ndarray) -> np.ndarray:
+    """The order sorting rows by (rank, t, third). Rows usually come in time order (a
+    replay, a time-windowed stream): then a stable sort by rank alone is enough (and much
+    cheaper); ties in time fall back to the full sort."""
+    if len(t) > 1 and int(rank.max()) < 2**31 and int(rank.min()) >= 0 and \
+            bool(np.all(t[1:] >= t[:-1])):
+        order = np.argsort(rank.astype(np.int32), kind="stable")
+        r, tt, x = rank[order], t[order], third[order]
+        same = r[1:] == r[:-1]
+        if not np.any(same & (tt[1:] == tt[:-1]) & (x[1:] < x[:-1])):
+            return order
+    order, _ = _sorted_groups({"r": rank, "t": t, "x": third}, ("r", "t", "x"))
+    return order
+
+
+def _group_starts(*keys: np.ndarray) -> np.ndarray:
+    """Start offsets of runs of equal keys in arrays already sorted by them."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for k in keys:
+        change[1:] |= k[1:] != k[:-1]
+    return np.flatnonzero(change)
+
+
 @dataclass
 class IterationConfig:
     """Settings of :class:`IterationTracker`."""
 
     threshold: float = 0.95  # Greyhound's M
     multiple_slack: float = 0.05  # multiples of the period must reach threshold - slack
-    min_ops: int = 48  # first attempt to find the period
+    min_ops: int = 96  # first attempt to find the period
     min_commit_ops: int = 96  # the period is committed only on this many ops ...
     min_commit_periods: int = 4  # ... covering at least this many periods
     max_lag: int = 20000  # longest period searched (operations)
@@ -160,6 +256,9 @@ class IterationTracker:
         self._periods: dict[bytes, int] = {}  # cache: symbol sequence digest -> period
         self._since = np.zeros(0, dtype=np.int64)  # ops since the latest anchor, per rank
         self._period_cache: np.ndarray | None = None
+        self._resets = 0  # references replaced so far
+        self._reset_t = 0  # trace time of the latest replacement ...
+        self._reset_ranks: list[int] = []  # ... and the ranks it sent back to learning
 
     # ------------------------------------------------------------------ public summary
 
@@ -184,50 +283,112 @@ class IterationTracker:
         coll = batch.get("coll")
         if coll is None or coll.num_rows == 0:
             return results.empty("iterations")
-        enter = coll.filter(pc.equal(coll.column("phase"), "enter"))
-        if enter.num_rows == 0:
+        cols = coll_columns(coll)
+        sel = cols["is_enter"]
+        if not sel.any():
             return results.empty("iterations")
-        rank = enter.column("rank").to_numpy().astype(np.int64)
-        t = enter.column("t").to_numpy()
-        order = np.lexsort((enter.column("seq").to_numpy(), t, rank))
-        rank, t = rank[order], t[order]
-        comm = enter.column("comm").to_numpy()[order]
-        seq = enter.column("seq").to_numpy()[order].astype(np.int64)
-        op = pc.index_in(enter.column("op"), value_set=pa.array(events.COLL_OPS))
-        opc = op.to_numpy(zero_copy_only=False).astype(np.int64)[order]
-        nbytes = enter.column("bytes").to_numpy()[order]
+        rank = cols["rank"][sel]
+        t = cols["t"][sel]
+        seq = cols["seq"][sel]
+        order = rank_time_order(rank, t, seq)
+        rank, t, seq = rank[order], t[order], seq[order]
+        comm = cols["comm"][sel][order]
+        opc = cols["op"][sel][order]
+        nbytes = cols["bytes"][sel][order]
 
         new_b: list[np.ndarray] = []  # boundaries (rank, idx, t)
         uranks, starts, counts = np.unique(rank, return_index=True, return_counts=True)
-        committed = np.array([self.ranks.get(int(r), _Rank()).period > 0 for r in uranks])
+        periods = self._periods_of(uranks)
+        committed = periods > 0
         # committed ranks: one vectorized anchor test over all their rows
         if committed.any():
             cm = np.repeat(committed, counts)
             new_b.append(self._anchors(rank[cm], comm[cm], seq[cm], t[cm]))
             self._count_ops(uranks[committed], counts[committed], new_b[-1])
-        # learning ranks: buffer, and try to find the period
-        if not committed.all():
-            block = np.stack([comm.view(np.int64), seq, opc, nbytes.astype(np.uint64)
-                              .view(np.int64), t])
-            for r, s, c, is_c in zip(uranks.tolist(), starts.tolist(), counts.tolist(),
-                                     committed.tolist(), strict=True):
-                if is_c:
-                    continue
-                st = self.ranks.get(r)
-                if st is None:
-                    st = self.ranks[r] = _Rank(next_try=self.config.min_ops)
-                self._buf.setdefault(r, []).append(block[:, s:s + c])
-                self._nbuf[r] = self._nbuf.get(r, 0) + c
-                if self._nbuf[r] >= st.next_try or self._nbuf[r] > self.config.max_buffer:
-                    found = self._learn(r, st)
-                    if found is not None:
-                        new_b.append(found)
+        # learning ranks: buffer their calls and try to learn each one's period at exact
+        # call counts, in the time order of those attempts (the result does not depend on
+        # how the records were cut into batches)
+        if not (self._periods_of(uranks) > 0).all():
+            block = np.stack([comm.view(np.int64), seq, opc, nbytes, t])
+            ranks_now = uranks[~committed]
+            st_now, cnt_now = starts[~committed], counts[~committed]
+            resets = self._resets
+            new_b.extend(self._learn_batch(ranks_now, st_now, cnt_now, block))
+            if self._resets != resets:
+                # a rank with a longer period became the reference at time T and the others
+                # learn again: they drop this batch's boundaries and relearn from their
+                # calls after T, as they would have in smaller batches
+                t_reset = self._reset_t
+                again = np.array(sorted(self._reset_ranks), dtype=np.int64)
+                new_b = [b[~np.isin(b[:, 0], again)] for b in new_b]
+                after = np.isin(uranks, again)
+                if after.any():
+                    firsts = np.array([s0 + int(np.searchsorted(t[s0:s0 + c0], t_reset,
+                                                                "right"))
+                                       for s0, c0 in zip(starts[after].tolist(),
+                                                         counts[after].tolist(),
+                                                         strict=True)], dtype=np.int64)
+                    ends = starts[after] + counts[after]
+                    new_b.extend(self._learn_batch(uranks[after], firsts, ends - firsts,
+                                                   block))
         if not new_b:
             return results.empty("iterations")
         b = np.concatenate(new_b)
         rows = self._rank_rows(b)
         job_rows = self._job_rows(rows)
         return self._table(np.concatenate([rows, job_rows]))
+
+    def _learn_batch(self, ranks: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                     block: np.ndarray) -> list[np.ndarray]:
+        """Feed the calls of learning ranks to their buffers. A rank tries to learn when its
+        buffer reaches ``next_try`` calls (exactly); attempts run in the order of the time
+        of that call, so the first rank to commit (the reference) and what the others see
+        of it are the same whatever the batching. A rank that commits has its later calls
+        of the batch tested for anchors."""
+        c = self.config
+        out: list[np.ndarray] = []
+        pos = {}  # rank -> next unconsumed column of block
+        heap: list[tuple[int, int]] = []
+        for r, s0, cnt in zip(ranks.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            st = self.ranks.get(r)
+            if st is None:
+                st = self.ranks[r] = _Rank(next_try=c.min_ops)
+            pos[r] = (s0, s0 + cnt)
+            self._push_attempt(heap, r, st, s0, s0 + cnt, block)
+        while heap:
+            _, r = heapq.heappop(heap)
+            st = self.ranks[r]
+            p0, end = pos[r]
+            need = min(st.next_try, c.max_buffer) - self._nbuf.get(r, 0)
+            cut = p0 + max(need, 1)
+            if cut > end:
+                continue
+            self._buf.setdefault(r, []).append(block[:, p0:cut])
+            self._nbuf[r] = self._nbuf.get(r, 0) + (cut - p0)
+            pos[r] = (cut, end)
+            found = self._learn(r, st, t_now=int(block[4, cut - 1]))
+            if found is not None:
+                out.append(found)
+                if cut < end:  # the rest of the batch, as a committed rank
+                    rest = block[:, cut:end]
+                    b = self._anchors(np.full(end - cut, r, dtype=np.int64),
+                                      rest[0].view(np.uint64), rest[1], rest[4])
+                    out.append(b)
+                pos[r] = (end, end)
+            else:
+                self._push_attempt(heap, r, st, cut, end, block)
+        for r, (p0, end) in pos.items():
+            if end > p0 and not self.ranks[r].period:
+                self._buf.setdefault(r, []).append(block[:, p0:end])
+                self._nbuf[r] = self._nbuf.get(r, 0) + (end - p0)
+        return out
+
+    def _push_attempt(self, heap: list[tuple[int, int]], r: int, st: _Rank, p0: int,
+                      end: int, block: np.ndarray) -> None:
+        need = min(st.next_try, self.config.max_buffer) - self._nbuf.get(r, 0)
+        cut = p0 + max(need, 1)
+        if cut <= end:
+            heapq.heappush(heap, (int(block[4, cut - 1]), r))
 
     def _anchors(self, rank: np.ndarray, comm: np.ndarray, seq: np.ndarray,
                  t: np.ndarray) -> np.ndarray:
@@ -247,7 +408,7 @@ class IterationTracker:
             ref = b[b[:, 0] == self.ref_rank]
             if len(ref):
                 allb = np.concatenate([self.ref_bounds, ref[:, 1:]])
-                self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-32:]
+                self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-4096:]
         return b
 
     def _count_ops(self, uranks: np.ndarray, counts: np.ndarray, b: np.ndarray) -> None:
@@ -279,18 +440,14 @@ class IterationTracker:
             self._period_cache = arr
         return self._period_cache[ranks]
 
-    def _learn(self, rank: int, st: _Rank) -> np.ndarray | None:
-        """Try to find and commit the period of ``rank``'s buffer; on success return the
-        boundaries found in the whole buffer and drop the buffer."""
+    def _learn(self, rank: int, st: _Rank, t_now: int) -> np.ndarray | None:
+        """Try to find and commit the period of ``rank``'s buffer (its calls up to the one
+        at ``t_now``); on success return the boundaries found in the whole buffer and drop
+        the buffer. Only the reference's boundaries up to ``t_now`` are used."""
         c = self.config
         buf = np.concatenate(self._buf[rank], axis=1)
-        if buf.shape[1] > c.max_buffer:
-            buf = buf[:, -c.max_buffer // 2:]
-            st.next_try = min(st.next_try, buf.shape[1])
         self._buf[rank] = [buf]
         n = self._nbuf[rank] = buf.shape[1]
-        if n < st.next_try:
-            return None
         comm, seq, opc, nbytes, t = (buf[0].view(np.uint64), buf[1], buf[2],
                                      buf[3].view(np.uint64), buf[4])
         period = self._period(comm, opc, None if st.nobytes else nbytes)
@@ -301,12 +458,19 @@ class IterationTracker:
             period = self._period(comm, opc, None)
         need = max(c.min_commit_ops, c.min_commit_periods * period)
         if period == 0 or n < need:
-            st.next_try = max(int(n * 1.25) + 1, need if period else 0)
+            st.next_try = max(int(n * 1.5) + 1, need if period else 0)
+            if st.next_try > c.max_buffer:
+                # no period in a full buffer: keep its newer half and go on learning
+                keep = c.max_buffer // 2
+                self._buf[rank] = [buf[:, -keep:]]
+                self._nbuf[rank] = keep
+                st.next_try = c.max_buffer
             return None
         # reconcile with the reference in time: a rank whose calls repeat every micro-batch
         # (e.g. the last pipeline stage without DP sync) has a sub-period of the iteration
         promote = False
-        t_ref = self._ref_period_ns()
+        ref = self.ref_bounds[self.ref_bounds[:, 1] <= t_now] if self.ref_rank >= 0 else None
+        t_ref = self._ref_period_ns(ref)
         if t_ref > 0:
             t_own = float(np.median(t[period:] - t[:-period]))
             if t_ref > 1.5 * t_own:
@@ -319,8 +483,8 @@ class IterationTracker:
                     return None
             promote = t_own > 1.5 * t_ref
         if promote:
-            self._reset_others(rank)
-        self._commit(st, period, comm, seq, t, self.ref_bounds if self.ref_rank >= 0 else None)
+            self._reset_others(rank, t_now)
+        self._commit(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
         self._period_cache = None
         if self.ref_rank < 0:
             self.ref_rank = rank
@@ -344,23 +508,27 @@ class IterationTracker:
                                              c.projections)
         return self._periods[key]
 
-    def _ref_period_ns(self) -> float:
-        """The reference rank's iteration time (0 when unknown)."""
-        if self.ref_rank < 0 or len(self.ref_bounds) < 2:
+    def _ref_period_ns(self, b: np.ndarray | None) -> float:
+        """The reference rank's iteration time from its boundaries ``b`` (0 when
+        unknown)."""
+        if b is None or len(b) < 2:
             return 0.0
-        b = self.ref_bounds
         step = np.diff(b[:, 0])
         ok = step > 0
         return float(np.median(np.diff(b[:, 1])[ok] / step[ok])) if ok.any() else 0.0
 
-    def _reset_others(self, rank: int) -> None:
+    def _reset_others(self, rank: int, t_now: int) -> None:
         """``rank`` sees a longer period than the reference: it becomes the reference and
         every other rank learns again."""
+        self._reset_ranks = []
         for r in list(self.ranks):
             if r != rank and self.ranks[r].period:
                 self.ranks[r] = _Rank(next_try=self.config.min_ops)
                 self._buf[r] = []
                 self._nbuf[r] = 0
+                self._reset_ranks.append(r)
+        self._resets += 1
+        self._reset_t = t_now
         self.ref_rank = -1
         self.ref_bounds = np.zeros((0, 2), dtype=np.int64)
         self._pend = self._pend[:0]
@@ -436,8 +604,11 @@ class IterationTracker:
 
     def _job_rows(self, rows: np.ndarray) -> np.ndarray:
         """Job iterations (rank -1): from the last rank to cross each boundary (the job's
-        iteration ends when its last rank's does), emitted once every rank completed the
-        iteration, or half of them did and some rank is two ahead."""
+        iteration ends when its last rank's does), emitted once every rank seen completed
+        the iteration. A rank that stays behind (stopped, or gone) would hold the job's
+        iterations back: once some rank completed three more iterations, an iteration is
+        emitted from the ranks that completed it before that moment (trace time), if they
+        are at least half. Both rules depend on the data only, not on the batching."""
         if len(rows):
             fresh = rows[rows[:, 1] > self.job_last_idx]
             add = np.stack([fresh[:, 1], fresh[:, 0], fresh[:, 2], fresh[:, 3] - fresh[:, 2]],
@@ -447,26 +618,34 @@ class IterationTracker:
             # job iterations only once every rank seen knows its period (and agrees with
             # the reference on the iteration time)
             return np.zeros((0, 4), dtype=np.int64)
-        idxs, counts = np.unique(self._pend[:, 0], return_counts=True)
-        world = max(1, self.meta.world_size)
-        top = int(idxs.max())
-        ready = (counts >= world) | ((counts * 2 >= world) & (idxs + 2 <= top))
+        world = max(1, len(self.ranks))
+        pend = self._pend
+        ends = pend[:, 2] + pend[:, 3]
         out = []
         emitted = -1
-        for idx in idxs[ready].tolist():
+        for idx in np.unique(pend[:, 0]).tolist():
             if idx <= self.job_last_idx:
                 continue
-            sel = self._pend[self._pend[:, 0] == idx]
-            # the job crosses a boundary when its last rank does
-            t0 = int(sel[:, 2].max())
-            dur = int((sel[:, 2] + sel[:, 3]).max()) - t0
+            sel = pend[:, 0] == idx
+            if int(sel.sum()) < world:
+                later = pend[:, 0] == idx + 3
+                if not later.any():
+                    break
+                cutoff = int(ends[later].min())
+                sel &= ends <= cutoff
+                if int(sel.sum()) * 2 < world:
+                    break
+            part = pend[sel]
+            t0 = int(part[:, 2].max())
+            dur = int((part[:, 2] + part[:, 3]).max()) - t0
             out.append((-1, idx, t0, t0 + dur))
             self.job.append((idx, t0, dur))
             self.job_last_idx = emitted = idx
         if emitted >= 0:
             self._pend = self._pend[self._pend[:, 0] > emitted]
         # never let the pending set grow without bound (e.g. half the ranks are gone)
-        if len(idxs) > 64:
+        if len(self._pend) and int(self._pend[:, 0].max()) - int(self._pend[:, 0].min()) > 64:
+            top = int(self._pend[:, 0].max())
             self._pend = self._pend[self._pend[:, 0] > top - 64]
         return np.array(out, dtype=np.int64).reshape(-1, 4)
 

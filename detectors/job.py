@@ -47,7 +47,12 @@ class JobConfig:
 
 
 class JobAnalyzer:
-    """All detectors of one job over its record batches (see the module docstring)."""
+    """All detectors of one job over its record batches (see the module docstring).
+
+    Reports follow an anomaly's lifecycle: opened (``end_ns`` null), possibly updated when
+    later iterations refine its root cause (same ``id``, still open: a second slow rank,
+    the compute side of a mixed slow-down), resolved (``end_ns`` set). ``diagnosis()`` holds
+    the latest report of each."""
 
     def __init__(self, meta: JobMeta, config: JobConfig | None = None) -> None:
         self.meta = meta

@@ -1,6 +1,7 @@
-"""Slow-down detection and root-cause localization (CCL-D §4.2, Greyhound §4.2-4.3).
+"""Slow-down detection and root-cause localization (CCL-D §4.2, Greyhound §4.2-4.3,
+MEGATRACE §III).
 
-Pipeline per batch of ``coll`` rows:
+Accounting, per batch of records (vectorized; a batch costs no per-row Python):
 
 1. :class:`RoundJoiner` joins ``enter``/``end`` rows into *rounds*: a collective round is
    one ``(comm, seq)`` on every member (CCL-D's Trace ID); a point-to-point round is the
@@ -9,21 +10,40 @@ Pipeline per batch of ``coll`` rows:
 2. Every member's *wait* in a round is its duration (``end - enter``, one host clock) minus
    the round's shortest duration: it waited for the member with the shortest duration, the
    last to enter (CCL-D: "the rank with minimal communication time is the root cause").
-   Waits, transfer times (``end - t_start``) and CCL-D's ``T_max``/``T_min`` are summed into
-   time bins (:class:`BinTable`), so state stays small and a restart loses nothing.
-3. Onset and relief come from the job's iteration times (Greyhound §4.2) through
-   :class:`failslow.detectors.changepoints.ChangeTracker`.
-4. At onset the window since the onset is compared with the baseline window before it:
-   * communication (Greyhound §4.3 cross-group comparison): a group (communicator, or the
-     pair of a point-to-point channel) whose transfer time grew by more than 10% over its
-     own baseline and exceeds the median of its *comparable cluster* (same kind, op and
-     bytes) by more than 10%; the link is the pair of ranks common to the slow groups;
-   * compute: the wait-for graph of excess waits is followed from every rank that waits
-     more than before to the rank it waits on, through TP collectives, PP send/recv and DP
-     sync, until a rank that itself does not wait: the first late rank;
-   * CCL-D's ``R = (T_max - T_base)/T_base`` and ``P = (T_max - T_min)/(T_max - T_base)``
-     (§4.2.1-4.2.2) are reported for the communicator that shows the anomaly; P > 0.6 points
-     at computation, P < 0.4 at communication, between at both.
+   Waits, transfer times (``end - t_start``, else the shortest duration) and CCL-D's
+   ``T_max``/``T_min`` are summed into time bins (:class:`BinTable`).
+3. :class:`GapTracker`: each rank's compute, the gaps between its operations, placed in the
+   1F1B schedule (forward / backward) when spans are absent; :class:`LinkTracker`: RDMA
+   queue-pair occupancy from ``link`` rows; GPU clocks and throttle reasons from ``gpu``
+   rows; :class:`CCLDMonitor`: CCL-D's ``T_base``, detection windows, threshold and
+   repetition count per round class.
+
+Decisions, at the end of every job iteration (:class:`~failslow.detectors.iterations.
+IterationTracker`), on the data before that end only -- so they do not depend on how the
+records were batched, and ``detected_ns`` is the trace time of the evidence:
+
+4. :class:`~failslow.detectors.changepoints.ChangeTracker` turns the iteration times into
+   slow *levels* (onset, further onset during an open one, relief).
+5. A level becomes an anomaly once its root *persists*: each slow iteration is localized
+   on its own against the reference window before the onset, and a compute root (or a slow
+   link) must be found again over the slow iterations (:meth:`SlowdownDetector._persistent`).
+   A fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
+   ranks, and such levels are dropped. A further level with the same root is the same
+   anomaly grown worse; with another root it is a second anomaly.
+6. Localization of a window against its reference window:
+   * communication (Greyhound §4.3 cross-group comparison): groups (a communicator, or the
+     pair of a point-to-point channel) whose transfer time grew by more than 10% over their
+     own reference and beyond the median of their *comparable cluster* (same kind, op and
+     bytes) -- or the whole cluster when a link every group crosses is slow; the link is
+     the node pair the slow groups' edges share (ring-neighbour analysis, ties broken by
+     queue-pair occupancy), named by two ranks at its ends;
+   * computation: ranks whose own compute per iteration grew by a share of the time lost
+     and whom their peers wait on more (MEGATRACE: the timing of the calls shows the
+     computation), else the sinks of the wait-for graph; the stage from spans or from the
+     schedule;
+   * both: mixed. CCL-D's ``R`` and ``P`` (:meth:`SlowdownDetector._rp`) are reported for
+     the communicator that shows the anomaly (P near 1: late arrival, computation; near 0:
+     transfer, communication) and used where the compute evidence is only the wait graph.
 """
 
 from __future__ import annotations
@@ -41,6 +61,13 @@ import pyarrow.compute as pc
 from failslow import events, results
 from failslow.detectors.base import EventBatch
 from failslow.detectors.changepoints import Change, ChangeConfig, ChangeTracker
+from failslow.detectors.iterations import (
+    _group_starts,
+    _pack,
+    _sorted_groups,
+    coll_columns,
+    rank_time_order,
+)
 from failslow.diagnosis import Anomaly
 from failslow.events import NULL_TIME, Comm, JobMeta
 
@@ -194,18 +221,6 @@ def _empty_pending() -> dict[str, np.ndarray]:
             for name in _POP}
 
 
-def _group_starts(*keys: np.ndarray) -> np.ndarray:
-    """Start offsets of runs of equal keys in arrays already sorted by them."""
-    n = len(keys[0])
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for k in keys:
-        change[1:] |= k[1:] != k[:-1]
-    return np.flatnonzero(change)
-
-
 @dataclass
 class Rounds:
     """Completed rounds of one batch (arrays per round) and their members' waits."""
@@ -303,13 +318,17 @@ class RoundJoiner:
 
     def _merge(self, new: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Pending member operations plus new rows, one entry per (comm, rank, seq)."""
-        allr = {c: np.concatenate([self.pending[c], new[c]]) for c in _POP}
-        order = np.lexsort((allr["seq"], allr["rank"], allr["cidx"]))
-        allr = {c: v[order] for c, v in allr.items()}
-        starts = _group_starts(allr["cidx"], allr["rank"], allr["seq"])
-        out = {c: allr[c][starts] for c in _POP}
+        if len(self.pending["rank"]):
+            allr = {c: np.concatenate([self.pending[c], new[c]]) for c in _POP}
+        else:
+            allr = new
+        if len(allr["rank"]) == 0:
+            return allr
+        order, starts = _sorted_groups(allr, ("cidx", "rank", "seq"))
+        first = order[starts]
+        out = {c: allr[c][first] for c in _POP if c not in ("te", "tx", "ts", "k")}
         for c in ("te", "tx", "ts", "k"):
-            out[c] = np.maximum.reduceat(allr[c], starts) if len(starts) else allr[c][:0]
+            out[c] = np.maximum.reduceat(allr[c][order], starts)
         return out
 
     def _complete(self, ops: dict[str, np.ndarray], now: int) -> Rounds:
@@ -320,7 +339,9 @@ class RoundJoiner:
         # collectives: all comm_size members have entered and ended
         c = np.flatnonzero(~is_p2p)
         if len(c):
-            order = c[np.lexsort((ops["rank"][c], ops["seq"][c], ops["cidx"][c]))]
+            sub = {k: ops[k][c] for k in ("cidx", "seq", "rank")}
+            o, _ = _sorted_groups(sub, ("cidx", "seq", "rank"))
+            order = c[o]
             starts = _group_starts(ops["cidx"][order], ops["seq"][order])
             nvalid = np.add.reduceat(valid[order].astype(np.int64), starts)
             nrows = np.diff(np.append(starts, len(order)))
@@ -336,7 +357,9 @@ class RoundJoiner:
         if len(p):
             src = np.where(ops["op"][p] == SEND, ops["cr"][p], ops["peer"][p])
             dst = np.where(ops["op"][p] == SEND, ops["peer"][p], ops["cr"][p])
-            order = np.lexsort((ops["op"][p], ops["k"][p], dst, src, ops["cidx"][p]))
+            sub = {"cidx": ops["cidx"][p], "src": src, "dst": dst, "k": ops["k"][p],
+                   "op": ops["op"][p]}
+            order, _ = _sorted_groups(sub, ("cidx", "src", "dst", "k", "op"))
             q = p[order]
             src, dst = src[order], dst[order]
             starts = _group_starts(ops["cidx"][q], src, dst, ops["k"][q])
@@ -368,14 +391,20 @@ class RoundJoiner:
         counts = np.diff(np.append(starts, len(gid)))
         dmax = np.maximum.reduceat(dur, starts)
         dmin = np.minimum.reduceat(dur, starts)
-        # the member with the shortest duration entered last (clock-robust)
-        by_dur = np.lexsort((rank, dur, gid))
-        last_rank = rank[by_dur[starts]]
-        has_ts = ts != NULL_TIME
+        # the member with the shortest duration entered last (clock-robust); rows of a
+        # round are in rank order (collectives), so the first shortest is the lowest rank
+        is_min = np.flatnonzero(dur == np.repeat(dmin, counts))
+        _, firsts = np.unique(gid[is_min], return_index=True)
+        last_rank = rank[is_min[firsts]]
+        # a transfer start is usable when it lies between the member's enter and end (same
+        # host clock); some sources write 0 or another clock's time when they do not know it
+        has_ts = (ts != NULL_TIME) & (ts >= te) & (ts <= tx)
         xfer = np.where(has_ts, tx - ts, 0).astype(np.float64)
         n_ts = np.add.reduceat(has_ts.astype(np.int64), starts)
         sum_ts = np.add.reduceat(xfer, starts)
-        transfer = np.where(n_ts > 0, sum_ts / np.maximum(n_ts, 1), dmin.astype(np.float64))
+        # whole nanoseconds: sums stay exact whatever the batching
+        transfer = np.where(n_ts > 0, np.rint(sum_ts / np.maximum(n_ts, 1)),
+                            dmin.astype(np.float64))
         first = rows[starts]
         if p2p:
             # the send sorts first (op code order): its seq, bytes and rank name the round
@@ -455,12 +484,17 @@ def rounds_table(job: str, r: Rounds) -> pa.Table:
 class BinTable:
     """Statistics summed per key and time bin (bin = time >> shift). ``arg`` names a column
     maximized per key whose row also supplies the ``carried`` columns (CCL-D's round with
-    the largest range and its T_max, T_min)."""
+    the largest range and its T_max, T_min).
+
+    Rows are appended as they come (no sort per batch) and summed when the table compacts;
+    the compacted part is sorted by bin, so a time-window query slices it by binary search
+    and scans only the rows appended since."""
 
     def __init__(self, keys: tuple[str, ...], sums: tuple[str, ...], arg: str | None = None,
                  carried: tuple[str, ...] = ()) -> None:
         self.keys, self.sums, self.arg, self.carried = keys, sums, arg, carried
         self.floats = sums + ((arg,) if arg else ()) + carried
+        self._names = ("bin", *keys, *self.floats)
         self._data: dict[str, np.ndarray] = {}
         self._chunks: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
@@ -474,79 +508,109 @@ class BinTable:
 
     @property
     def data(self) -> dict[str, np.ndarray]:
-        """All rows (appended chunks are joined on first use)."""
+        """All rows, compacted (sorted by bin and keys, one row per bin and key)."""
         if self._chunks:
-            self._data = {k: np.concatenate([self._data[k], *(c[k] for c in self._chunks)])
-                          for k in self._data}
-            self._chunks, self._pending_rows = [], 0
+            self.compact()
         return self._data
-
-    @data.setter
-    def data(self, value: dict[str, np.ndarray]) -> None:
-        self._data, self._chunks, self._pending_rows = value, [], 0
 
     def __len__(self) -> int:
         return len(self._data["bin"]) + self._pending_rows
 
     def add(self, cols: dict[str, np.ndarray]) -> None:
+        """Append rows; they are summed with the others when the table compacts (rows
+        pending beyond twice the compacted size), so a batch costs no sort."""
         if len(cols["bin"]) == 0:
             return
-        part = _aggregate(cols, ("bin", *self.keys), self.sums, self.arg, self.carried)
-        self._chunks.append({k: part[k] for k in self._data})
-        self._pending_rows += len(part["bin"])
-        if len(self) > 2 * self._compacted + 4096:
+        self._chunks.append({k: cols[k] for k in self._names})
+        self._pending_rows += len(cols["bin"])
+        if self._pending_rows > 2 * self._compacted + 65536:
             self.compact()
 
     def compact(self) -> None:
-        self.data = _aggregate(self.data, ("bin", *self.keys), self.sums, self.arg,
-                               self.carried)
-        self._compacted = len(self)
+        parts = [self._data, *self._chunks]
+        allr = {k: np.concatenate([p[k] for p in parts]) for k in self._names}
+        self._data = _aggregate(allr, ("bin", *self.keys), self.sums, self.arg, self.carried)
+        self._chunks, self._pending_rows = [], 0
+        self._compacted = len(self._data["bin"])
 
     def rebin(self, delta: int) -> None:
         if delta > 0:
-            self.data["bin"] = self.data["bin"] >> delta
+            self.compact()
+            self._data["bin"] = self._data["bin"] >> delta
             self.compact()
 
     def prune(self, min_bin: int) -> None:
-        keep = self.data["bin"] >= min_bin
-        if not keep.all():
-            self.data = {k: v[keep] for k, v in self.data.items()}
+        """Drop the rows of bins before ``min_bin``."""
+        cut = int(np.searchsorted(self._data["bin"], min_bin, side="left"))
+        if cut:
+            self._data = {k: v[cut:] for k, v in self._data.items()}
+            self._compacted = len(self._data["bin"])
+        kept = []
+        for ch in self._chunks:
+            keep = ch["bin"] >= min_bin
+            if keep.all():
+                kept.append(ch)
+            elif keep.any():
+                kept.append({k: v[keep] for k, v in ch.items()})
+        self._chunks = kept
+        self._pending_rows = sum(len(ch["bin"]) for ch in kept)
+
+    def window(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """The raw rows with ``lo <= bin < hi`` (not summed)."""
+        b = self._data["bin"]
+        i, j = int(np.searchsorted(b, lo, "left")), int(np.searchsorted(b, hi, "left"))
+        parts = [{k: v[i:j] for k, v in self._data.items()}]
+        for ch in self._chunks:
+            sel = (ch["bin"] >= lo) & (ch["bin"] < hi)
+            if sel.any():
+                parts.append({k: v[sel] for k, v in ch.items()})
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in self._names}
 
     def query(self, lo: int, hi: int, by: tuple[str, ...]) -> dict[str, np.ndarray]:
         """Rows with ``lo <= bin < hi`` summed by the ``by`` keys."""
-        sel = (self.data["bin"] >= lo) & (self.data["bin"] < hi)
-        return _aggregate({k: v[sel] for k, v in self.data.items()}, by, self.sums, self.arg,
-                          self.carried)
+        return _aggregate(self.window(lo, hi), by, self.sums, self.arg, self.carried)
 
     def snapshot(self) -> dict[str, Any]:
         return {k: v.tolist() for k, v in self.data.items()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.data = {k: np.array(state[k], dtype=np.float64 if k in self.floats else np.int64)
-                     for k in self._data}
-        self._compacted = len(self)
+        self._data = {k: np.array(state[k], dtype=np.float64 if k in self.floats else np.int64)
+                      for k in self._names}
+        self._chunks, self._pending_rows = [], 0
+        self._compacted = len(self._data["bin"])
 
 
 def _aggregate(cols: dict[str, np.ndarray], by: tuple[str, ...], sums: tuple[str, ...],
                arg: str | None, carried: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Rows summed per distinct ``by`` key, in key order; ``arg``: the column maximized
+    per key, whose row also gives the ``carried`` columns."""
     n = len(cols[by[0]])
     if n == 0:
         out = {k: cols[k][:0] for k in by}
         out.update({f: np.zeros(0) for f in (*sums, *((arg,) if arg else ()), *carried)})
         return out
-    sort_keys = [cols[k] for k in reversed(by)]
-    if arg:
-        sort_keys.insert(0, -cols[arg])  # the row with the largest arg first in each group
-    order = np.lexsort(sort_keys)
-    srt = {k: cols[k][order] for k in by}
-    starts = _group_starts(*[srt[k] for k in by])
-    out = {k: srt[k][starts] for k in by}
+    key = _pack(cols, by)
+    if key is None:
+        sort_keys = [cols[k] for k in reversed(by)]
+        if arg:
+            sort_keys.insert(0, -cols[arg])
+        order = np.lexsort(sort_keys)
+        srt = {k: cols[k][order] for k in by}
+        starts = _group_starts(*[srt[k] for k in by])
+    else:
+        order = np.lexsort((-cols[arg], key)) if arg else np.argsort(key, kind="stable")
+        sk = key[order]
+        starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    first = order[starts]
+    out = {k: cols[k][first] for k in by}
     for f in sums:
-        out[f] = np.add.reduceat(cols[f][order].astype(np.float64), starts)
+        out[f] = np.add.reduceat(cols[f][order].astype(np.float64, copy=False), starts)
     if arg:
-        out[arg] = cols[arg][order][starts].astype(np.float64)
+        out[arg] = cols[arg][first].astype(np.float64)
         for f in carried:
-            out[f] = cols[f][order][starts].astype(np.float64)
+            out[f] = cols[f][first].astype(np.float64)
     return out
 
 
@@ -624,8 +688,12 @@ class CCLDMonitor:
         self.config = config
         self.keys: dict[int, int] = {}  # class key -> dense index
         self.n = np.zeros(0)  # rounds in the baseline so far
-        self.sum_max = np.zeros(0)
-        self.sum_range = np.zeros(0)
+        m = config.baseline_rounds
+        # the baseline rounds themselves (end time, T_max, range), so a baseline still being
+        # learned is read as of a given trace time
+        self.b_t = np.zeros((0, m), dtype=np.int64)
+        self.b_max = np.zeros((0, m))
+        self.b_range = np.zeros((0, m))
         self.first_t = np.zeros(0, dtype=np.int64)
         self.frozen = np.zeros(0, dtype=bool)
         self.windows = BinTable(("key",), ("n",), arg="range", carried=("tmax", "tmin"))
@@ -645,9 +713,11 @@ class CCLDMonitor:
                 grow += 1
             idx[j] = d
         if grow:
+            m = self.config.baseline_rounds
             self.n = np.concatenate([self.n, np.zeros(grow)])
-            self.sum_max = np.concatenate([self.sum_max, np.zeros(grow)])
-            self.sum_range = np.concatenate([self.sum_range, np.zeros(grow)])
+            self.b_t = np.concatenate([self.b_t, np.zeros((grow, m), dtype=np.int64)])
+            self.b_max = np.concatenate([self.b_max, np.zeros((grow, m))])
+            self.b_range = np.concatenate([self.b_range, np.zeros((grow, m))])
             self.first_t = np.concatenate([self.first_t, np.zeros(grow, dtype=np.int64)])
             self.frozen = np.concatenate([self.frozen, np.zeros(grow, dtype=bool)])
         return idx[inv.reshape(-1)]
@@ -658,40 +728,55 @@ class CCLDMonitor:
         c = self.config
         if len(key) == 0:
             return
-        d = self._dense(key)
-        order = np.lexsort((t_end, d))
-        d, te = d[order], t_end[order]
-        mx, mn = dmax[order].astype(np.float64), dmin[order].astype(np.float64)
-        starts = _group_starts(d)
-        sizes = np.diff(np.append(starts, len(d)))
-        first = np.repeat(np.arange(len(starts)), sizes)
-        ud = d[starts]
-        new = self.n[ud] == 0
-        self.first_t[ud[new]] = te[starts[new]]
-        within = np.arange(len(d)) - np.repeat(starts, sizes)
-        take = ((self.n[d] + within < c.baseline_rounds) & ~self.frozen[d]
-                & (te <= self.first_t[d] + int(c.baseline_seconds * 1e9)))
-        np.add.at(self.n, d[take], 1.0)
-        np.add.at(self.sum_max, d[take], mx[take])
-        np.add.at(self.sum_range, d[take], mx[take] - mn[take])
-        # a class whose rounds run past its first two minutes is frozen (Eq. 1)
-        late = np.zeros(len(ud), dtype=bool)
-        np.logical_or.at(late, first, te > self.first_t[d] + int(c.baseline_seconds * 1e9))
-        self.frozen[ud[late]] = True
+        d_all = self._dense(key)
+        mx_all = dmax.astype(np.float64)
+        mn_all = dmin.astype(np.float64)
+        horizon = int(c.baseline_seconds * 1e9)
+        # only classes still learning T_base need the per-class bookkeeping
+        learning = (self.n[d_all] < c.baseline_rounds) & ~self.frozen[d_all]
+        if learning.any():
+            d, te = d_all[learning], t_end[learning]
+            mx, mn = mx_all[learning], mn_all[learning]
+            order, _ = _sorted_groups({"d": d, "t": te}, ("d", "t"))
+            d, te, mx, mn = d[order], te[order], mx[order], mn[order]
+            starts = _group_starts(d)
+            sizes = np.diff(np.append(starts, len(d)))
+            ud = d[starts]
+            new = self.n[ud] == 0
+            self.first_t[ud[new]] = te[starts[new]]
+            within = np.arange(len(d)) - np.repeat(starts, sizes)
+            in_time = te <= self.first_t[d] + horizon
+            slot = (self.n[d] + within).astype(np.int64)
+            take = (slot < c.baseline_rounds) & in_time
+            self.b_t[d[take], slot[take]] = te[take]
+            self.b_max[d[take], slot[take]] = mx[take]
+            self.b_range[d[take], slot[take]] = mx[take] - mn[take]
+            self.n += np.bincount(d[take], minlength=len(self.n))
+            # a class whose rounds run past its first two minutes is frozen (Eq. 1)
+            self.frozen[np.unique(d[~in_time])] = True
+        te, mx, mn, d = t_end, mx_all, mn_all, d_all
         w = te // int(c.ccld_window_s * 1e9)
         self.windows.add({"bin": w, "key": d, "n": np.ones(len(d)), "range": mx - mn,
                           "tmax": mx, "tmin": mn})
 
-    def base(self, key: int) -> tuple[float | None, float]:
-        """``(T_base, healthy range)`` of a class (None before ``m`` rounds unless an initial
-        value is configured)."""
+    def base(self, key: int, until: int | None = None) -> tuple[float | None, float]:
+        """``(T_base, healthy range)`` of a class from its baseline rounds that ended
+        before ``until`` (all when None); the configured initial value until ``m`` rounds
+        are in (None when there is none and no round is)."""
         d = self.keys.get(key)
         init = self.config.t_base_init_ns
         if d is None or self.n[d] == 0:
             return (float(init) if init else None), 0.0
-        if self.n[d] < self.config.baseline_rounds and not self.frozen[d] and init:
-            return float(init), 0.0
-        return float(self.sum_max[d] / self.n[d]), float(self.sum_range[d] / self.n[d])
+        k = int(self.n[d])
+        sel = slice(0, k)
+        t, mx, rg = self.b_t[d, sel], self.b_max[d, sel], self.b_range[d, sel]
+        if until is not None:
+            ok = t < until
+            t, mx, rg = t[ok], mx[ok], rg[ok]
+        if len(t) == 0 or (len(t) < self.config.baseline_rounds and init
+                           and not self.frozen[d]):
+            return (float(init) if init else None), 0.0
+        return float(mx.mean()), float(rg.mean())
 
     def close(self, now_ns: int) -> list[dict[str, Any]]:
         """Close the detection windows that ended before ``now_ns``; return new alarms."""
@@ -707,7 +792,7 @@ class CCLDMonitor:
         out = []
         for b, d, tmax, tmin in zip(rows["bin"].tolist(), rows["key"].tolist(),
                                     rows["tmax"].tolist(), rows["tmin"].tolist(), strict=True):
-            t_base, skew = self.base(inv[d])
+            t_base, skew = self.base(inv[d], until=now_ns)
             if not t_base:
                 continue
             r_val, p_val = ccld_ratios(t_base, np.array([tmax]), np.array([tmin]), skew)
@@ -735,7 +820,8 @@ class CCLDMonitor:
 
     def snapshot(self) -> dict[str, Any]:
         return {"keys": [[k, v] for k, v in self.keys.items()], "n": self.n.tolist(),
-                "sum_max": self.sum_max.tolist(), "sum_range": self.sum_range.tolist(),
+                "b_t": self.b_t.tolist(), "b_max": self.b_max.tolist(),
+                "b_range": self.b_range.tolist(),
                 "first_t": self.first_t.tolist(), "frozen": self.frozen.tolist(),
                 "windows": self.windows.snapshot(), "closed": self.closed,
                 "hist": [[k, v] for k, v in self.hist.items()],
@@ -744,8 +830,10 @@ class CCLDMonitor:
     def restore(self, state: dict[str, Any]) -> None:
         self.keys = {int(k): int(v) for k, v in state["keys"]}
         self.n = np.array(state["n"], dtype=np.float64)
-        self.sum_max = np.array(state["sum_max"], dtype=np.float64)
-        self.sum_range = np.array(state["sum_range"], dtype=np.float64)
+        m = self.config.baseline_rounds
+        self.b_t = np.array(state["b_t"], dtype=np.int64).reshape(-1, m)
+        self.b_max = np.array(state["b_max"], dtype=np.float64).reshape(-1, m)
+        self.b_range = np.array(state["b_range"], dtype=np.float64).reshape(-1, m)
         self.first_t = np.array(state["first_t"], dtype=np.int64)
         self.frozen = np.array(state["frozen"], dtype=bool)
         self.windows.restore(state["windows"])
@@ -759,6 +847,12 @@ class CCLDMonitor:
 # per-rank compute, RDMA queue pairs, GPU samples
 
 
+#: Pass of a gap (the compute before an operation) in the pipeline schedule.
+PASS_OTHER, PASS_FWD, PASS_BWD = 0, 1, 2
+#: The forward/backward compute table uses bins this many times coarser (~an iteration).
+PASS_BIN_SHIFT = 3
+
+
 class GapTracker:
     """Compute time per rank from the gaps between its communication operations (events.md
     ``span``: "derives compute spans from the gaps between communication operations on a
@@ -766,24 +860,44 @@ class GapTracker:
     rank before it (0 when an operation was still running: batched point-to-point calls).
     Waiting for peers happens inside an operation's duration, so a rank's gaps grow when
     *it* computes slowly, not when it waits on a slow peer (MEGATRACE §III-B: the timing of
-    communication calls is a robust indicator of the computational state)."""
+    communication calls is a robust indicator of the computational state).
+
+    Each gap is also placed in the pipeline schedule (MEGATRACE §III-C, without framework
+    spans): the compute after a receive from the previous stage is a forward pass, after a
+    receive from the next stage a backward pass. The first and last stages run both passes
+    between two pipeline transfers (1F1B: backward then forward on the first stage, forward
+    then backward on the last); there the first half of the segment's operations (as long
+    as the rank's previous such segment) is the first pass."""
 
     def __init__(self) -> None:
         self.last_end = np.zeros(0, dtype=np.int64)
+        # per rank: kind of the latest point-to-point call (0 none, 1 recv from the previous
+        # stage, 2 recv from the next, 3 send to the next, 4 send to the previous), calls
+        # since it, the length of the latest segment after a receive of each direction,
+        # and whether the rank has neighbours before / after it
+        self.ctx = np.zeros((0, 6), dtype=np.int64)
 
-    def update(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows of one batch -> (rank, enter time, gap ns) of the enters with a known end
-        before them."""
+    def _grow(self, top: int) -> None:
+        if top > len(self.last_end):
+            add = top - len(self.last_end)
+            self.last_end = np.concatenate([self.last_end, np.full(add, NULL_TIME,
+                                                                   dtype=np.int64)])
+            self.ctx = np.concatenate([self.ctx, np.zeros((add, 6), dtype=np.int64)])
+
+    def update(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray,
+               p2p: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of one batch -> (rank, enter time, gap ns, pass) of the enters with a known
+        end before them. ``p2p``: per row the point-to-point kind (see ``ctx``; 0 for a
+        collective)."""
         if len(rank) == 0:
             z = np.zeros(0, dtype=np.int64)
-            return z, z, z
-        top = int(rank.max()) + 1
-        if top > len(self.last_end):
-            self.last_end = np.concatenate([self.last_end, np.full(
-                top - len(self.last_end), NULL_TIME, dtype=np.int64)])
-        order = np.lexsort((is_enter, t, rank))  # ends before enters at equal times
+            return z, z, z, z
+        self._grow(int(rank.max()) + 1)
+        # by rank, then time, ends before enters at equal times
+        order = rank_time_order(rank, t, is_enter.astype(np.int64))
         r, tt, en = rank[order], t[order], is_enter[order]
+        kind = p2p[order] if p2p is not None else np.zeros(len(r), dtype=np.int64)
         n = len(r)
         pos = np.where(~en, np.arange(n), -1)
         last = np.maximum.accumulate(pos)
@@ -791,19 +905,75 @@ class GapTracker:
         prev = np.where(same, tt[np.maximum(last, 0)], self.last_end[r])
         sel = en & (prev != NULL_TIME)
         gap = np.maximum(tt[sel] - prev[sel], 0)
+        passes = self._passes(r[en], kind[en])[sel[en]]
         ends = ~en
         if ends.any():
             er, et = r[ends], tt[ends]
             # per rank the latest end of the batch (rows are sorted by rank, then time)
             lastpos = np.flatnonzero(np.append(er[1:] != er[:-1], True))
             self.last_end[er[lastpos]] = np.maximum(self.last_end[er[lastpos]], et[lastpos])
-        return r[sel], tt[sel], gap
+        return r[sel], tt[sel], gap, passes
+
+    def _passes(self, r: np.ndarray, kind: np.ndarray) -> np.ndarray:
+        """Pass of the gap before each enter (rows sorted by rank and time); updates the
+        per-rank schedule context."""
+        n = len(r)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        is_p = kind > 0
+        ordinal = np.arange(n)
+        pos = np.where(is_p, ordinal, -1)
+        # the latest point-to-point call strictly before each row, of the same rank
+        before = np.concatenate(([-1], np.maximum.accumulate(pos)[:-1]))
+        mine = (before >= 0) & (r[np.maximum(before, 0)] == r)
+        first = np.concatenate(([True], r[1:] != r[:-1]))
+        start = np.maximum.accumulate(np.where(first, ordinal, 0))  # first row of the rank
+        ctx_kind = np.where(mine, kind[np.maximum(before, 0)], self.ctx[r, 0])
+        # calls since that point-to-point call (excluding it)
+        since = np.where(mine, ordinal - before - 1, self.ctx[r, 1] + ordinal - start)
+        # neighbours seen: receives tell where the rank sits in the pipeline
+        if is_p.any():
+            self.ctx[r[(kind == 1) | (kind == 4)], 4] = 1
+            self.ctx[r[(kind == 2) | (kind == 3)], 5] = 1
+        has_prev, has_next = self.ctx[:, 4], self.ctx[:, 5]
+        seg1, seg2 = self.ctx[r, 2], self.ctx[r, 3]
+        out = np.zeros(n, dtype=np.int64)
+        c1, c2 = ctx_kind == 1, ctx_kind == 2
+        last_stage = has_next[r] == 0
+        first_stage = has_prev[r] == 0
+        out[c1 & ~last_stage] = PASS_FWD
+        out[c2 & ~first_stage] = PASS_BWD
+        split1 = c1 & last_stage & (seg1 >= 2)
+        out[split1] = np.where(2 * since[split1] < seg1[split1], PASS_FWD, PASS_BWD)
+        split2 = c2 & first_stage & (seg2 >= 2)
+        out[split2] = np.where(2 * since[split2] < seg2[split2], PASS_BWD, PASS_FWD)
+        out[ctx_kind == 3] = PASS_FWD
+        out[ctx_kind == 4] = PASS_BWD
+        # a point-to-point call closes the segment of the context before it
+        for k, col in ((1, 2), (2, 3)):
+            done = is_p & (ctx_kind == k) & (since > 0)
+            if done.any():
+                rr, ll = r[done], since[done]
+                lastpos = np.flatnonzero(np.append(rr[1:] != rr[:-1], True))
+                self.ctx[rr[lastpos], col] = ll[lastpos]
+        # carry the context of every rank to the next batch
+        lastrow = np.flatnonzero(np.append(r[1:] != r[:-1], True))
+        lr = r[lastrow]
+        lp = np.where(is_p[lastrow], lastrow, before[lastrow])
+        ok_p = (lp >= 0) & (r[np.maximum(lp, 0)] == lr)
+        self.ctx[lr, 0] = np.where(ok_p, kind[np.maximum(lp, 0)], self.ctx[lr, 0])
+        self.ctx[lr, 1] = np.where(is_p[lastrow], 0, since[lastrow] + 1)
+        return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"last_end": self.last_end.tolist()}
+        return {"last_end": self.last_end.tolist(), "ctx": self.ctx.tolist()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.last_end = np.array(state["last_end"], dtype=np.int64)
+        self.ctx = np.array(state.get("ctx", []), dtype=np.int64).reshape(-1, 6)
+        if len(self.ctx) < len(self.last_end):
+            self.ctx = np.concatenate([self.ctx, np.zeros((len(self.last_end)
+                                                           - len(self.ctx), 6), np.int64)])
 
 
 class LinkTracker:
@@ -1007,7 +1177,9 @@ class _WaitGraph:
 class SlowdownConfig:
     """Settings of :class:`SlowdownDetector`."""
 
-    change: ChangeConfig = field(default_factory=ChangeConfig)
+    # the verification's sign test at 1%: an onset is opened only once its root persists
+    # over the slow iterations, which rejects the bursts of pauses a 1% test lets through
+    change: ChangeConfig = field(default_factory=lambda: ChangeConfig(alpha=0.01))
     # CCL-D §4.2.1
     baseline_rounds: int = 100  # T_base: mean T_max of the first m rounds ...
     baseline_seconds: float = 120.0  # ... m = min(100, rounds in the first two minutes)
@@ -1033,13 +1205,16 @@ class SlowdownConfig:
     compute_top: float = 0.5  # ... and at least this share of the largest such excess
     max_roots: int = 8  # more ranks than this computing slower is no rank-level fault
     waited_share: float = 0.05  # a compute root is waited on more: >= share x lost time
+    explained_share: float = 0.8  # slow groups next to compute roots whose own extra compute
+    #                               is this share of the lost time are a side effect
     wait_share: float = 0.3  # wait graph: excess wait >= share x lost time
     comm_share: float = 0.15  # a slow group matters: extra transfer >= share x lost time
     root_asym: float = 0.8  # wait graph: peers wait on a root more than it waits on them
     mixed_share: float = 0.6  # a root on a slow link also computes slowly (wait graph)
-    localize_retries: int = 6  # iterations to wait for a persistent root before dropping
+    localize_retries: int = 12  # iterations to wait for a persistent root before dropping
     min_window_iterations: float = 1.0  # the anomaly window before a localization counts
     consistency: float = 0.6  # share of the slow iterations whose own root must agree
+    refine_iterations: int = 8  # an open anomaly's root may be refined this long
     bin_shift: int = 24  # initial bin width 2^24 ns (17 ms); coarsened to ~1/8 iteration
     max_pending_age_s: float = 600.0  # incomplete rounds older than this are dropped
 
@@ -1128,6 +1303,7 @@ class SlowdownDetector:
         self.grp = BinTable(("cidx", "group", "cls"), ("n", "xfer", "dmax", "dmin"),
                             arg="range", carried=("rdmax", "rdmin"))
         self.comp = BinTable(("rank",), ("d",))
+        self.passes = BinTable(("rank", "pass"), ("d",))  # forward / backward compute
         self.qp = BinTable(("qp",), ("dc", "lt", "db"))
         self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
         # framework spans, when a source has them: compute time per rank and pass
@@ -1211,12 +1387,21 @@ class SlowdownDetector:
                 | np.asarray(cls, dtype=np.int64))
 
     def _account_gaps(self, coll: pa.Table) -> None:
-        rank = coll.column("rank").to_numpy().astype(np.int64)
-        t = coll.column("t").to_numpy()
-        is_enter = pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False)
-        r, te, gap = self.gaps.update(rank, t, is_enter)
+        c = coll_columns(coll)
+        op, peer, cr = c["op"], c["peer"], c["comm_rank"]
+        kind = np.zeros(len(op), dtype=np.int64)
+        kind[(op == RECV) & (peer < cr)] = 1
+        kind[(op == RECV) & (peer > cr)] = 2
+        kind[(op == SEND) & (peer > cr)] = 3
+        kind[(op == SEND) & (peer < cr)] = 4
+        r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind)
         if len(r):
-            self.comp.add({"bin": te >> self.shift, "rank": r, "d": gap.astype(np.float64)})
+            d = gap.astype(np.float64)
+            self.comp.add({"bin": te >> self.shift, "rank": r, "d": d})
+            known = passes > 0
+            if known.any():
+                self.passes.add({"bin": te[known] >> (self.shift + PASS_BIN_SHIFT),
+                                 "rank": r[known], "pass": passes[known], "d": d[known]})
 
     def _account_links(self, link: pa.Table) -> None:
         cols = self.links.update(link)
@@ -1253,11 +1438,11 @@ class SlowdownDetector:
                         "n": np.ones(int(keep.sum()))})
 
     def _classes(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        key = np.stack([op, nbytes], axis=1)
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        key = (nbytes.astype(np.int64) << 4) | op.astype(np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
         idx = np.empty(len(uniq), dtype=np.int64)
-        for j, (o, b) in enumerate(uniq.tolist()):
-            idx[j] = self.classes.setdefault((int(o), int(b)), len(self.classes))
+        for j, k in enumerate(uniq.tolist()):
+            idx[j] = self.classes.setdefault((k & 0xF, k >> 4), len(self.classes))
         return idx[inv.reshape(-1)]
 
     def _kinds_of(self, cidx: np.ndarray) -> np.ndarray:
@@ -1267,7 +1452,8 @@ class SlowdownDetector:
 
     @property
     def _tables(self) -> tuple[BinTable, ...]:
-        return (self.out_w, self.in_w, self.grp, self.comp, self.qp, self.gpu, self.spans)
+        return (self.out_w, self.in_w, self.grp, self.comp, self.passes, self.qp, self.gpu,
+                self.spans)
 
     # ------------------------------------------------------------------ iterations
 
@@ -1295,8 +1481,10 @@ class SlowdownDetector:
         for op in list(self.levels):
             if op.state == "pending":
                 out.extend(self._try_confirm(op))
-        if self.levels and self.levels[-1].state == "open":
-            out.extend(self._refine(self.levels[-1]))
+        top = self.levels[-1] if self.levels else None
+        if top is not None and top.state == "open" and \
+                len(top.per_iter) <= top.first + self.config.refine_iterations:
+            out.extend(self._refine(top))
         self._trim()
         return out
 
@@ -1331,7 +1519,8 @@ class SlowdownDetector:
             if self.levels:
                 horizon = min(horizon, self.levels[0].ref_lo_ns)
             for table in self._tables:
-                table.prune(horizon >> self.shift)
+                extra = PASS_BIN_SHIFT if table is self.passes else 0
+                table.prune(horizon >> (self.shift + extra))
 
     # ------------------------------------------------------------------ anomalies
 
@@ -1394,6 +1583,8 @@ class SlowdownDetector:
         if comm_ok and loc["cause"] == "compute":
             loc = self.localize(win, op, roots=roots, comm=True, force_comm=True)
         loc["signature"] = [comm_ok, nodes, roots]
+        if not loc["confident"]:
+            return []
         if (loc["cause"] == "compute" and self.evidence.get("compute_source") == "waits"
                 and loc.get("P") is not None and loc["P"] < c.alpha):
             # CCL-D §4.2.2: the root's rounds lost time in transfer, not in its late
@@ -1403,7 +1594,8 @@ class SlowdownDetector:
         if depth > 0 and self._same(self.levels[depth - 1], loc):
             # the open anomaly grew worse: one fault, one anomaly
             lower = self.levels[depth - 1]
-            lower.anomaly["slowdown"] = op.anomaly["slowdown"]
+            lower.anomaly["slowdown"] = max(float(lower.anomaly["slowdown"] or 0.0),
+                                            float(op.anomaly["slowdown"] or 0.0))
             self.levels.remove(op)
             self.change.merge_top()
             return []
@@ -1411,6 +1603,14 @@ class SlowdownDetector:
         op.first = first
         op.anomaly.update({k: v for k, v in loc.items()
                            if k not in ("confident", "signature", "evidence")})
+        if first:
+            # the root appeared some iterations after the level's onset: the anomaly is
+            # the stretch from there on
+            a = self._pos(op.onset_pos + first)
+            op.anomaly["onset_iteration"] = int(self.iters[a][0])
+            durs = [d for _, t0, d in self.iters[a:] if t0 + d <= self.horizon]
+            if durs and op.healthy_ns > 0:
+                op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
         op.anomaly["start_ns"] = min(int(op.anomaly["start_ns"]), self.horizon - 1)
         op.anomaly["detected_ns"] = int(self.horizon)
         op.anomaly["id"] = f"slow-{self.next_id}"
@@ -1557,6 +1757,8 @@ class SlowdownDetector:
             roots = [r for r in roots if r not in members
                      or graph.peer_wait(r, members, {g["cidx"] for g in slow})
                      >= c.mixed_share * win.lost]
+        if comm_evidence and roots and self._explained_by(win, list(roots), slow):
+            slow, comm_evidence = [], False
         self.evidence = {"window": win, "slow_groups": slow, "compute": comp,
                          "graph": graph, "roots": roots,
                          "compute_source": "gaps" if comp is not None else "waits"}
@@ -1579,7 +1781,10 @@ class SlowdownDetector:
         ranks = (sorted(link) if link else []) if cause == "communication" else sorted(roots)
         out["ranks"] = [int(r) for r in ranks]
         sig_ranks = [int(r) for r in roots] if cause != "communication" else []
-        out["signature"] = [cause != "compute", sorted(nodes), sig_ranks]
+        # the link's identity: its node pair when it joins two nodes, else (all ranks on one
+        # host, or node names unknown) its two ranks
+        ident = sorted(nodes) if len(set(nodes)) == 2 else [str(r) for r in sorted(link or [])]
+        out["signature"] = [cause != "compute", ident, sig_ranks]
         if light:
             return out
         if cause in ("communication", "mixed") and rp_cidx >= 0:
@@ -1622,16 +1827,11 @@ class SlowdownDetector:
         agg = _aggregate(both, by, ("v",), None, ())
         return {k: agg[k] for k in by}, agg["v"]
 
-    def _compute_roots(self, win: _Window, graph: _WaitGraph | None = None
-                       ) -> list[int] | None:
-        """Ranks whose own compute per iteration (gaps between their operations) grew by
-        at least ``compute_share`` of the time lost per iteration and by at least
-        ``compute_top`` of the largest such growth, strongest first; ``[]`` when no rank
-        did; None when the gaps say nothing (no gap data, or so many ranks qualify that
-        waiting shows in the gaps: hosts that block outside the library calls). Each
-        rank's largest time bin is left out of both windows: a pause (GC) fills one bin, a
-        slow rank all of them."""
-        c = self.config
+    def _compute_excess(self, win: _Window) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per rank, how much its own compute per iteration (the gaps between its
+        operations) grew, as a share of the time lost per iteration; None without gap data.
+        Each rank's largest time bin is left out of both windows: a pause (GC) fills one
+        bin, a slow rank all of them."""
         w = self.comp.query(win.lo, win.hi, ("bin", "rank"))
         if len(w["rank"]) == 0:
             return None
@@ -1645,6 +1845,24 @@ class SlowdownDetector:
         lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
         excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
                           0.0)
+        return rw, excess
+
+    def _compute_roots(self, win: _Window, graph: _WaitGraph | None = None
+                       ) -> list[int] | None:
+        """Ranks whose own compute per iteration grew (:meth:`_compute_excess`) by at least
+        ``compute_share`` of the time lost per iteration and by at least ``compute_top`` of
+        the largest such growth, strongest first; ``[]`` when no rank did; None when the
+        gaps say nothing (no gap data, or so many ranks qualify that waiting shows in the
+        gaps: hosts that block outside the library calls). With the wait-for ``graph``, a
+        root must also be waited on more than before by its peers in some round: a host
+        that blocks outside the library (an implicit barrier, a device synchronization) has
+        longer gaps without making anyone wait (CCL-D: the slow rank is the one that enters
+        last)."""
+        c = self.config
+        got = self._compute_excess(win)
+        if got is None:
+            return None
+        rw, excess = got
         if graph is not None and graph.in_by:
             waited = np.array([sum(graph.in_by.get(int(r), {}).values()) for r in rw])
             excess = np.where(waited > c.waited_share * win.lost, excess, 0.0)
@@ -1657,6 +1875,29 @@ class SlowdownDetector:
             return None
         order = np.argsort(-excess[hit], kind="stable")
         return [int(r) for r in rw[hit][order]]
+
+    def _explained_by(self, win: _Window, roots: list[int], slow: list[dict[str, Any]]
+                      ) -> bool:
+        """Are the slow groups a side effect of the compute roots? When the roots' own
+        extra compute accounts for the time lost and every slow group has an end among
+        the roots or the ranks that share a communicator with them (their transfers end
+        late because the roots' neighbours wait for them: batched point-to-point calls,
+        hosts that complete calls late), the slow-down is computation, not also a link."""
+        if not roots or not slow:
+            return False
+        got = self._compute_excess(win)
+        if got is None:
+            return False
+        rw, excess = got
+        share = float(excess[np.isin(rw, roots)].sum())
+        if share < self.config.explained_share:
+            return False
+        near = set(roots)
+        for i in range(len(self.registry.ids)):
+            ranks = self.registry.ranks(i)
+            if near.intersection(ranks) and set(roots) & set(ranks):
+                near.update(ranks)
+        return all(set(g["ranks"]) & near for g in slow)
 
     def _slow_groups(self, win: _Window, force: bool = False) -> list[dict[str, Any]]:
         """Greyhound §4.3 cross-group comparison on transfer times: groups slower than their
@@ -1730,13 +1971,14 @@ class SlowdownDetector:
         if len(w["qp"]) == 0 or len(b["qp"]) == 0:
             return {}
         names = self.links.node_names
-        want = {tuple(sorted(p)) for p in pairs}
+        want = {(min(p), max(p)) for p in pairs}
         acc: dict[tuple[str, str], list[float]] = {}
         for tab, off in ((w, 0), (b, 2)):
             node = self.links.qp_node[tab["qp"]]
             peer = self.links.qp_peer[tab["qp"]]
             for j in np.flatnonzero(peer >= 0).tolist():
-                pair = tuple(sorted((names[node[j]], names[peer[j]])))
+                a, b_ = str(names[node[j]]), str(names[peer[j]])
+                pair = (min(a, b_), max(a, b_))
                 if pair not in want:
                     continue
                 cur = acc.setdefault(pair, [0.0, 0.0, 0.0, 0.0])
@@ -1777,11 +2019,15 @@ class SlowdownDetector:
         if not score:
             return None, [], int(slow[0]["cidx"]) if slow else -1
         best = max(score.values())
-        tied = sorted(k for k, v in score.items() if v >= best * 0.999)
+        tied: list[tuple[str, str]] = sorted(k for k, v in score.items() if v >= best * 0.999)
         occ = self._link_occupancy(self.evidence["window"], tied) if len(tied) > 1 else {}
         self.evidence["occupancy"] = occ
-        nodes = list(max(tied, key=lambda k: (occ.get(k, 0.0), [-ord(ch) for ch in  # type: ignore[call-overload]
-                                                                 "".join(k)])))
+
+        def preference(k: tuple[str, str]) -> tuple[float, tuple[str, str]]:
+            return -occ.get(k, 0.0), k
+
+        chosen: tuple[str, str] = min(tied, key=preference)
+        nodes = list(chosen)
         pair, cidx = self._link_pair(nodes[0], nodes[1], slow)
         if cidx < 0 and slow:
             cidx = int(slow[0]["cidx"])
@@ -1800,7 +2046,15 @@ class SlowdownDetector:
         :meth:`_link`) and the communicator of that pair."""
         node = self.meta.node_of
         ends = {na, nb}
-        slow_edges = {frozenset(e) for g in slow for e in self._edges(g)}
+        # the impact of the strongest slow group using each edge: edges of the groups that
+        # lost the most (within half of the strongest) come first, then the convention
+        strength: dict[frozenset[int], float] = {}
+        for g in slow:
+            for e in self._edges(g):
+                key = frozenset(e)
+                strength[key] = max(strength.get(key, 0.0), float(g["impact"]))
+        top = max(strength.values(), default=0.0)
+        strong = {k for k, v in strength.items() if v >= 0.5 * top}
         best: tuple[int, int, int, int, list[int]] | None = None
         order = {"pp": 0, "dp": 1, "tp": 2, "cp": 3}
         for i in range(len(self.registry.ids)):
@@ -1818,8 +2072,9 @@ class SlowdownDetector:
                 if {node(a), node(b)} != ends:
                     continue
                 pair = [a, b] if rank_kind else sorted((a, b))
-                # an edge of a slow group first (rank-level evidence), then the convention
-                cand = (int(frozenset((a, b)) not in slow_edges), rank_kind, pair[0], i, pair)
+                # an edge of a strongly slow group first (rank-level evidence), then the
+                # convention
+                cand = (int(frozenset((a, b)) not in strong), rank_kind, pair[0], i, pair)
                 if best is None or cand[:3] < best[:3]:
                     best = cand
         if best is None:
@@ -1838,24 +2093,49 @@ class SlowdownDetector:
 
     def _compute_stage(self, ranks: list[int], win: _Window) -> str | None:
         """``forward`` or ``backward`` when only that pass of the root ranks' compute grew
-        (by more than 10%, the other by less than 5%); None without spans or when both
-        did."""
-        if not ranks or len(self.spans) == 0:
+        (by more than 10%, the other by less than 5%), from framework spans when the trace
+        has them, else from the gaps placed in the pipeline schedule (:class:`GapTracker`);
+        None when both grew or neither is known."""
+        if not ranks:
             return None
-        w = self.spans.query(win.lo, win.hi, ("rank", "op"))
-        b = self.spans.query(win.b_lo, win.b_hi, ("rank", "op"))
-        ratio = {}
-        for code, name in enumerate(SPAN_PASSES):
-            sw = np.isin(w["rank"], ranks) & (w["op"] == code)
-            sb = np.isin(b["rank"], ranks) & (b["op"] == code)
-            if w["n"][sw].sum() == 0 or b["n"][sb].sum() == 0:
+        if len(self.spans):
+            w = self.spans.query(win.lo, win.hi, ("rank", "op"))
+            b = self.spans.query(win.b_lo, win.b_hi, ("rank", "op"))
+            ratio = {}
+            for code in (0, 1):
+                sw = np.isin(w["rank"], ranks) & (w["op"] == code)
+                sb = np.isin(b["rank"], ranks) & (b["op"] == code)
+                if w["n"][sw].sum() == 0 or b["n"][sb].sum() == 0:
+                    return None
+                ratio[code] = ((w["d"][sw].sum() / w["n"][sw].sum())
+                               / (b["d"][sb].sum() / b["n"][sb].sum()))
+            return _stage_of(ratio[0], ratio[1])
+        if len(self.passes) == 0:
+            return None
+        k = PASS_BIN_SHIFT
+        lo, hi = win.lo >> k, max(win.hi >> k, (win.lo >> k) + 1)
+        b_lo, b_hi = win.b_lo >> k, max(win.b_hi >> k, (win.b_lo >> k) + 1)
+        if b_hi > lo:
+            b_hi = lo
+        if b_hi <= b_lo:
+            return None
+        w = self.passes.query(lo, hi, ("rank", "pass"))
+        b = self.passes.query(b_lo, b_hi, ("rank", "pass"))
+        sums = {}
+        for code in (PASS_FWD, PASS_BWD):
+            sw = np.isin(w["rank"], ranks) & (w["pass"] == code)
+            sb = np.isin(b["rank"], ranks) & (b["pass"] == code)
+            if not sw.any() or not sb.any():
                 return None
-            ratio[name] = ((w["d"][sw].sum() / w["n"][sw].sum())
-                           / (b["d"][sb].sum() / b["n"][sb].sum()))
-        fwd, bwd = ratio["forward-compute"], ratio["backward-compute"]
-        if fwd > 1.10 and bwd < 1.05:
+            sums[code] = (float(w["d"][sw].sum()), float(b["d"][sb].sum()))
+        # the passes measured over the same windows: how much more one grew than the other
+        (fw, fb), (bw, bb) = sums[PASS_FWD], sums[PASS_BWD]
+        if min(fw, fb, bw, bb) <= 0:
+            return None
+        r = (fw / bw) / (fb / bb)
+        if r > 1.10:
             return "forward"
-        if bwd > 1.10 and fwd < 1.05:
+        if r < 1 / 1.10:
             return "backward"
         return None
 
@@ -1910,7 +2190,7 @@ class SlowdownDetector:
         for j in rows.tolist():
             key = int(self._ccld_key(np.array([cidx]), np.array([w["group"][j]]),
                                      np.array([w["cls"][j]]))[0])
-            t_base, skew = self.ccld.base(key)
+            t_base, skew = self.ccld.base(key, until=self.horizon)
             n = float(w["n"][j])
             if not t_base or n <= 0:
                 continue
@@ -2004,7 +2284,16 @@ class SlowdownDetector:
             self.tracker.restore(state["tracker"])
 
 
-_TABLES = ("out_w", "in_w", "grp", "comp", "qp", "gpu", "spans")
+_TABLES = ("out_w", "in_w", "grp", "comp", "passes", "qp", "gpu", "spans")
+
+
+def _stage_of(fwd: float, bwd: float) -> str | None:
+    """The pass whose compute grew alone: by more than 10%, the other by less than 5%."""
+    if fwd > 1.10 and bwd < 1.05:
+        return "forward"
+    if bwd > 1.10 and fwd < 1.05:
+        return "backward"
+    return None
 
 
 def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -564,11 +564,13 @@ class KafkaTransport(Transport):
             if not assigned:
                 return 0
             ends = consumer.end_offsets(assigned, timeout_ms=2000)
+            states = consumer._subscription.assignment  # local positions, no round trip
             total = 0
             for tp in assigned:
-                position = consumer.position(tp, timeout_ms=2000)
-                if position is not None and tp in ends:
-                    total += max(0, int(ends[tp]) - int(position))
+                position = getattr(states.get(tp), "position", None)
+                offset = getattr(position, "offset", position)
+                if offset is not None and tp in ends:
+                    total += max(0, int(ends[tp]) - int(offset))
             return total
         except Exception as e:  # noqa: BLE001 - metrics only
             log.debug("kafka lag unknown: %s", e)

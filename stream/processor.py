@@ -6,7 +6,13 @@ A single-threaded consume loop in the shape of a checkpointing stream processor:
    topic with its reason and is counted; the loop goes on);
 2. feed every job's records to that job's :class:`~failslow.detectors.job.JobAnalyzer`
    (created from the job's ``meta`` message; records that arrive before it wait in a bounded
-   buffer) and, when a what-if factory is given, to its what-if analyzer;
+   buffer) and, when a what-if factory is given, to its what-if analyzer. Records go in
+   windows of 100 ms of event time with a tick at each window's end, as ``failslow
+   analyze`` replays a trace, so both give the same diagnosis. Kafka fetches the topics of
+   the record kinds independently, so a job's records are held until every kind it sends
+   has arrived up to a time (producers may say so with a ``failslow-watermark`` header, as
+   ``failslow replay`` does; a kind silent while its partition is read to the end stops
+   counting after ``align_idle_s``), and released in time order;
 3. let time pass with ``on_tick(now)``: hangs show up as the absence of events;
 4. at each checkpoint: log the cut (the offset range of every topic and partition the
    checkpoint covers) in the state store, write the raw events, the derived ``rounds``,
@@ -194,6 +200,8 @@ class ProcessorStats:
     last_checkpoint_ns: int = 0  # wall time of the last checkpoint that wrote rows
     cpu_first_message_s: float = 0.0  # CPU time of the process (all threads) at those two
     cpu_last_checkpoint_s: float = 0.0
+    # (CPU time, rows decoded) at each checkpoint that wrote rows (the last 1000)
+    cpu_samples: list[tuple[float, int]] = field(default_factory=list)
     seconds: defaultdict[str, float] = field(  # time per phase
         default_factory=lambda: defaultdict(float))
 
@@ -277,7 +285,8 @@ class StreamProcessor:
     a job's records are analysed in windows of ``window_ns`` of event time, in time order
     (as ``failslow analyze`` does), once every record kind the detectors read has arrived up
     to that time (topics are consumed independently; a kind silent for ``align_idle_s`` of
-    wall time does not hold the others back; a job holds at most ``max_held_rows``), at the
+    wall time does not hold the others back; a job holds at most ``max_held_rows``; ``align``
+    defaults to whether the transport delivers topics out of publication order), at the
     latest when ``max_batch_rows`` rows were collected; ``store_events`` also
     writes the raw event tables (``meta`` is always written); ``detect=False`` runs no detector
     (a processor that only stores events, in its own consumer group, so that storing and
@@ -294,7 +303,8 @@ class StreamProcessor:
                  max_messages: int = 256, poll_timeout: float = 0.5,
                  checkpoint_messages: int = 1000, checkpoint_interval_s: float = 5.0,
                  checkpoint_rows: int = 4_000_000, max_batch_rows: int = 1_000_000,
-                 window_ns: int = DEFAULT_WINDOW_NS, align_idle_s: float = 5.0,
+                 window_ns: int = DEFAULT_WINDOW_NS, align: bool | None = None,
+                 align_idle_s: float = 5.0,
                  max_held_rows: int = 8_000_000,
                  snapshot_interval_s: float = 60.0, store_events: bool = True,
                  detect: bool = True,
@@ -322,6 +332,7 @@ class StreamProcessor:
         self._checkpoint_rows = checkpoint_rows
         self._max_batch_rows = max_batch_rows
         self._window_ns = max(1, int(window_ns))
+        self._align = (not transport.ordered) if align is None else align
         self._align_idle_ns = int(align_idle_s * 1e9)
         self._max_held_rows = max_held_rows
         self._snapshot_interval = snapshot_interval_s
@@ -592,6 +603,7 @@ class StreamProcessor:
 
     def _drop_partition(self, number: int) -> None:
         part = self._parts.pop(number, None)
+        self._idle_since.pop(number, None)
         if part is None:
             return
         self._uncommitted = max(0, self._uncommitted - part.messages)
@@ -814,8 +826,8 @@ class StreamProcessor:
         for job, st in list(self._jobs.items()):
             if not st.held_rows:
                 continue
-            horizon = None if force or st.held_rows > self._max_held_rows \
-                else self._horizon(st)
+            horizon = None if force or not self._align \
+                or st.held_rows > self._max_held_rows else self._horizon(st)
             released: dict[str, pa.Table] = {}
             for kind, parts in list(st.held.items()):
                 table = _concat(parts)
@@ -823,8 +835,7 @@ class StreamProcessor:
                 if horizon is None or column is None:
                     out, keep = table, None
                 else:
-                    mask = pc.less_equal(table.column(column), horizon)
-                    out, keep = table.filter(mask), table.filter(pc.invert(mask))
+                    out, keep = _split_at(table, column, horizon)
                 if out.num_rows:
                     released[kind] = out
                 if keep is not None and keep.num_rows:
@@ -1075,6 +1086,9 @@ class StreamProcessor:
         if tables:
             self.stats.last_checkpoint_ns = time.time_ns()
             self.stats.cpu_last_checkpoint_s = time.process_time()
+            self.stats.cpu_samples.append((round(self.stats.cpu_last_checkpoint_s, 4),
+                                           sum(self.stats.rows.values())))
+            del self.stats.cpu_samples[:-1000]
         self._uncommitted = max(0, self._uncommitted - part.messages)
         part.out = defaultdict(list)
         part.reports = []
@@ -1288,6 +1302,19 @@ def _windows(batch: EventBatch, window_ns: int) -> list[tuple[int, EventBatch]]:
         if window:
             out.append((min(int(edges[i]), t1), window))
     return out
+
+
+def _split_at(table: pa.Table, column: str, horizon: int) -> tuple[pa.Table, pa.Table]:
+    """Rows with ``column <= horizon`` and the others; zero-copy slices when the column is
+    in order (it usually is: messages arrive in time order)."""
+    t = table.column(column)
+    if t.null_count == 0:
+        values = t.to_numpy()
+        if values.size < 2 or not bool((values[1:] < values[:-1]).any()):
+            cut = int(np.searchsorted(values, horizon, side="right"))
+            return table.slice(0, cut), table.slice(cut)
+    mask = pc.fill_null(pc.less_equal(t, horizon), True)
+    return table.filter(mask), table.filter(pc.invert(mask))
 
 
 def _watermark(message: Message) -> int | None:

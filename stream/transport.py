@@ -187,6 +187,9 @@ class Transport(ABC):
 
     #: The consumer group (checkpoints are kept per group and partition).
     group: str = "failslow"
+    #: Whether :meth:`poll` delivers the messages of all topics in publication order (an
+    #: in-process log); Kafka fetches topics independently, so a consumer must align them.
+    ordered: bool = False
 
     @abstractmethod
     def produce(self, topic: str, key: str, value: bytes,
@@ -293,6 +296,7 @@ class InProcessTransport(Transport):
     """
 
     group = "inprocess"
+    ordered = True
 
     def __init__(self, subscribe: Iterable[str] = EVENT_TOPICS,
                  keep_committed: bool = True) -> None:

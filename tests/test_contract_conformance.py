@@ -49,3 +49,32 @@ def test_compute_straggler_in_independent_trace_is_found(tmp_path: Path) -> None
     assert slow, "the straggler was not detected"
     assert slow[0]["ranks"] == [3]
     assert slow[0]["cause"] == "compute"
+
+
+# variations the detectors were not designed on: jitter shapes, clock skew between hosts,
+# garbage-collection pauses, no t_start, no meta.comms
+ROBUSTNESS = {
+    "pareto-skew": ({"jitter": "pareto", "skew_ms": 3.0}, {}),
+    "bimodal-pauses": ({"jitter": "bimodal", "pauses": 0.05}, {}),
+    "pauses-no-tstart-no-comms": ({"pauses": 0.05, "skew_ms": 2.0},
+                                  {"empty_comms": True, "drop_t_start": True}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROBUSTNESS))
+def test_robust_to_variations(tmp_path: Path, variant: str) -> None:
+    gen, wr = ROBUSTNESS[variant]
+    healthy = run_analyze(write(tmp_path / "h", *generate(iterations=40, seed=1, **gen),
+                                **wr))
+    assert healthy["anomalies"] == []
+    slow = run_analyze(write(tmp_path / "c", *generate(iterations=40, slow_rank=3,
+                                                       slow_from=20, slow_factor=1.3,
+                                                       seed=2, **gen), **wr))
+    (a,) = slow["anomalies"]
+    assert a["kind"] == "slow" and a["cause"] == "compute" and a["ranks"] == [3]
+    link = run_analyze(write(tmp_path / "l", *generate(iterations=40, slow_link=1,
+                                                       slow_from=20, link_factor=4, seed=3,
+                                                       **gen), **wr))
+    (b,) = link["anomalies"]
+    assert b["cause"] == "communication" and b["link"] == [1, 3] and b["stage"] == "pp_p2p"
+    assert b["P"] is not None and b["P"] < 0.4  # CCL-D: communication

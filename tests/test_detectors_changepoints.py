@@ -9,10 +9,17 @@ import pytest
 
 from failslow.detectors.changepoints import (
     BOCD,
+    METHODS,
+    SERIES_METHODS,
     ChangeConfig,
     ChangeTracker,
+    binom_sf,
     bocd_candidates,
+    bocpd_map,
     changepoints,
+    detect_changepoints,
+    segment,
+    standardize,
     window_candidates,
 )
 
@@ -105,3 +112,121 @@ def test_tracker_snapshot_restore_is_exact() -> None:
 def test_unknown_method_is_rejected() -> None:
     with pytest.raises(ValueError):
         changepoints(np.ones(10), "magic")
+
+
+# --------------------------------------------------------------------------- robust verification
+
+
+def test_pauses_on_a_noisy_baseline_are_not_a_slowdown() -> None:
+    # a job whose iterations often carry a 30-60% pause (GC): once the baseline has seen
+    # a few of them, bursts of pauses are jitter
+    rng = np.random.default_rng(3)
+    x = 1 + rng.normal(0, 0.01, 400)
+    spikes = rng.random(400) < 0.2
+    spikes[:30] = np.arange(30) % 5 == 0
+    x[spikes] *= rng.uniform(1.3, 1.6, int(spikes.sum()))
+    assert changepoints(x) == []
+
+
+def test_a_slowdown_on_a_noisy_baseline_is_still_found() -> None:
+    rng = np.random.default_rng(4)
+    x = np.concatenate([np.ones(60), np.full(40, 1.25)]) * (1 + rng.normal(0, 0.01, 100))
+    spikes = rng.random(100) < 0.15
+    x[spikes] *= 1.5
+    cps = changepoints(x)
+    assert cps and 58 <= cps[0] <= 62
+
+
+def test_binomial_tail() -> None:
+    assert binom_sf(0, 5, 0.3) == 1.0
+    assert binom_sf(6, 5, 0.3) == 0.0
+    assert binom_sf(2, 2, 0.1) == pytest.approx(0.01)
+    assert binom_sf(1, 3, 0.5) == pytest.approx(1 - 0.125)
+
+
+def test_second_slowdown_during_an_open_one_is_its_own_level() -> None:
+    tr = ChangeTracker()
+    changes = []
+    for v in _steps([(1.0, 30), (1.3, 20), (1.8, 15), (1.3, 10), (1.0, 20)], seed=5):
+        changes += tr.push(float(v))
+    kinds = [(c.kind, c.depth) for c in changes]
+    assert kinds[:2] == [("onset", 1), ("onset", 2)]
+    first_relief = next(c for c in changes if c.kind == "relief")
+    assert first_relief.depth == 1 and 63 <= first_relief.index <= 67  # back to 1.3
+    assert changes[-1].kind == "relief" and changes[-1].depth == 0
+    assert 73 <= changes[-1].index <= 77
+
+
+def test_reject_returns_to_the_baseline_and_merge_folds_a_level() -> None:
+    tr = ChangeTracker()
+    for v in _steps([(1.0, 30), (1.4, 5)], seed=6):
+        tr.push(float(v))
+    assert tr.state == "anomalous"
+    tr.reject()
+    assert tr.state == "normal" and tr.levels == []
+    tr = ChangeTracker()
+    for v in _steps([(1.0, 30), (1.3, 15), (1.7, 5)], seed=6):
+        tr.push(float(v))
+    assert len(tr.levels) == 2
+    tr.merge_top()
+    assert len(tr.levels) == 1 and tr.level > 1.5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_iteration_series_methods(method: str) -> None:
+    x = _steps([(1.0, 40), (1.5, 30), (1.0, 30)])
+    cps = detect_changepoints(x, method)
+    assert any(abs(c - 40) <= 2 for c in cps)
+
+
+# --------------------------------------------------------------------------- any series
+
+
+def test_segment_finds_a_mean_shift_and_ignores_outliers() -> None:
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 1, 200), rng.normal(3, 1, 300)])
+    x[[50, 350]] += 12  # lone outliers
+    assert segment(x) == [200]
+
+
+def test_segment_ignores_a_trend_and_noise() -> None:
+    rng = np.random.default_rng(1)
+    assert segment(np.arange(400) * 0.05 + rng.normal(0, 1, 400)) == []
+    assert segment(rng.normal(5, 2, 400)) == []
+
+
+def test_segment_finds_a_variance_change_and_a_slope_change() -> None:
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.normal(0, 1, 250), rng.normal(0, 5, 250)])
+    (cp,) = segment(x)
+    assert abs(cp - 250) <= 5
+    t = np.arange(300, dtype=float)
+    y = np.where(t < 150, 0.0, (t - 150) * 0.3) + rng.normal(0, 1, 300)
+    (cp,) = segment(y)
+    assert abs(cp - 150) <= 10
+
+
+def test_segment_multivariate_and_missing_values() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (300, 2))
+    x[150:, 1] += 4  # only the second column changes
+    x[[10, 11, 200], 0] = np.nan
+    assert segment(x) == [150]
+    for method in SERIES_METHODS:
+        cps = segment(x, method)
+        assert any(abs(c - 150) <= 3 for c in cps), method
+
+
+def test_segment_short_and_constant_series() -> None:
+    assert segment(np.array([1.0, 2.0])) == []
+    assert segment(np.ones(50)) == []
+    with pytest.raises(ValueError):
+        segment(np.ones(10), "magic")
+
+
+def test_bocpd_map_recovers_steps() -> None:
+    rng = np.random.default_rng(4)
+    z = standardize(np.concatenate([rng.normal(0, 1, 100), rng.normal(4, 1, 100),
+                                    rng.normal(-2, 1, 100)]))
+    cps = bocpd_map(z)
+    assert any(abs(c - 100) <= 2 for c in cps) and any(abs(c - 200) <= 2 for c in cps)

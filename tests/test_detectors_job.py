@@ -60,3 +60,25 @@ def test_snapshot_restore_resumes_exactly() -> None:
         assert pa.concat_tables(a[1] + b[1]).equals(pa.concat_tables(ref[1]))
         assert pa.concat_tables(a[2] + b[2]).equals(pa.concat_tables(ref[2]))
         assert second.diagnosis().to_dict() == ref_diag
+
+
+def test_batch_sizes_give_the_same_diagnosis() -> None:
+    """Streaming (batches of any size) and offline (the whole trace at once) agree exactly:
+    every decision is taken at a job iteration's end on the data before it."""
+    from failslow.analyze import KINDS, run_analyzer
+    from failslow.detectors.accuracy import _job
+    from failslow.simulator import scenario_from_dict, simulate
+
+    spec = _job(2, 4, 4, iterations=36, noise={"gc_prob": 0.01, "gc_ms": [30.0, 120.0]},
+                timing={"pp_bytes": 96 << 20},
+                faults=[{"cause": "compute", "ranks": [26], "start": 8, "duration": 20,
+                         "severity": 1.25},
+                        {"cause": "communication", "nodes": [1, 2], "start": 16,
+                         "duration": 8, "severity": 5.0}])
+    sim = simulate(scenario_from_dict(spec, "batching"), 3)
+    tables = {k: pa.concat_tables(list(sim.iter_tables(k))) for k in sim.kinds if k in KINDS}
+    diags = [run_analyzer(sim.meta, tables, w).diagnosis().to_dict()
+             for w in (7 * MS, 100 * MS, 1000 * MS, 10**12)]
+    assert len(diags[0]["anomalies"]) == 2
+    for d in diags[1:]:
+        assert d == diags[0]

@@ -168,3 +168,121 @@ def test_rounds_rows_follow_the_schema() -> None:
     assert rounds.schema.equals(__import__("failslow.results").results.SCHEMAS["rounds"])
     # every operation of the trace ended up in exactly one round
     assert int(np.sum(rounds["members"].to_numpy())) == job.tables["coll"].num_rows // 2
+
+
+# --------------------------------------------------------------------------- CCL-D R and P
+
+
+def test_r_and_p_point_at_computation_or_communication() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[Fault("compute", 15, 30, 1.5,
+                                                                  rank=5)])
+    opened, _ = _detect(job)
+    assert opened.R is not None and opened.R > 0 and opened.P is not None and opened.P > 0.6
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[Fault("link", 15, 30, 6,
+                                                                  link=(2, 6))])
+    opened, _ = _detect(job)
+    assert opened.cause == "communication"
+    # non-blocking sends queue behind the slow transfers, so part of the extra time shows
+    # as late arrival: not computation (P < beta), though not pure communication either
+    assert opened.R is not None and opened.R > 0.3 and opened.P is not None and opened.P < 0.6
+
+
+def test_ccld_ratios_subtract_the_healthy_range() -> None:
+    # a pipeline receive waits 30 in healthy rounds; a slower transfer adds 20 to both
+    r, p = ccld_ratios(40.0, np.array([60.0]), np.array([30.0]), skew_base=30.0)
+    assert r == pytest.approx(0.5) and p == pytest.approx(0.0)
+    r, p = ccld_ratios(40.0, np.array([60.0]), np.array([30.0]))
+    assert p == pytest.approx(1.0)  # Eq. 4 as is would call it computation
+
+
+def test_ccld_monitor_threshold_and_repetition() -> None:
+    from failslow.detectors.slowdown import CCLDMonitor, SlowdownConfig
+
+    cfg = SlowdownConfig(ccld_window_s=1.0, ccld_repeat=2, baseline_rounds=20)
+    mon = CCLDMonitor(cfg)
+    t = np.arange(0, 12_000, 10, dtype=np.int64) * MS  # one round every 10 ms, 12 s
+    slow = (t >= 8_000 * MS) & (t < 10_000 * MS)
+    dmax = np.where(slow, 40 * MS, 10 * MS) + (np.arange(len(t)) % 3) * MS // 10
+    dmin = np.full(len(t), 9 * MS)
+    key = np.full(len(t), 7, dtype=np.int64)
+    for lo in range(0, len(t), 37):  # arbitrary batches
+        mon.update(key[lo:lo + 37], t[lo:lo + 37], dmax[lo:lo + 37], dmin[lo:lo + 37])
+    alarms = mon.close(12_000 * MS)
+    assert len(alarms) == 1  # windows 8 and 9 are slow: one alarm, on the second
+    assert alarms[0]["window"] == 9 and alarms[0]["R"] > alarms[0]["theta"]
+    assert mon.base(7)[0] == pytest.approx(float(dmax[:20].mean()))
+
+
+# --------------------------------------------------------------------------- compute gaps
+
+
+def test_gap_tracker_places_gaps_in_the_pipeline_schedule() -> None:
+    from failslow.detectors.slowdown import PASS_BWD, PASS_FWD, GapTracker
+
+    # a middle stage: recv from prev, 2 compute gaps, send+recv, 2 gaps, send+recv ...
+    rows = []  # (t, enter?, kind)
+    t = 0
+    for _ in range(4):
+        for kind_in, kind_out in ((1, 3), (2, 4)):
+            rows += [(t, True, kind_in), (t + 1, False, 0)]  # receive
+            t += 2
+            for _ in range(2):
+                t += 10  # compute
+                rows += [(t, True, 0), (t + 1, False, 0)]  # TP all-reduce
+                t += 2
+            rows += [(t, True, kind_out), (t + 1, False, 0)]  # send
+            t += 2
+    arr = np.array([(r[0], r[1], r[2]) for r in rows], dtype=np.int64)
+    g = GapTracker()
+    out = [g.update(np.zeros(len(p), dtype=np.int64), p[:, 0], p[:, 1].astype(bool), p[:, 2])
+           for p in (arr[:7], arr[7:30], arr[30:])]
+    passes = np.concatenate([o[3] for o in out])
+    gaps = np.concatenate([o[2] for o in out])
+    compute = gaps >= 10
+    assert set(passes[compute].tolist()) == {PASS_FWD, PASS_BWD}
+    assert passes[compute].tolist() == [PASS_FWD, PASS_FWD, PASS_BWD, PASS_BWD] * 4
+
+
+def test_forward_only_slowdown_without_spans() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[
+        Fault("compute", 15, 30, 2.0, rank=1, phase="forward")])
+    opened, _ = _detect(job)
+    assert opened.ranks == [1] and opened.stage == "forward"
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[
+        Fault("compute", 15, 30, 1.6, rank=5, phase="backward")])
+    opened, _ = _detect(job)
+    assert opened.ranks == [5] and opened.stage == "backward"
+
+
+def test_pauses_on_random_ranks_are_not_a_slowdown() -> None:
+    """Bursts of long pauses, each on some rank, slow iterations down but have no common
+    root: no anomaly (the roots do not persist)."""
+    job = generate(tp=2, pp=2, dp=2, iterations=50, seed=11)
+    coll = job.tables["coll"]
+    rng = np.random.default_rng(0)
+    t = coll.column("t").to_numpy().copy()
+    rank = coll.column("rank").to_numpy()
+    t_min, t_max = int(t.min()), int(t.max())
+    for _ in range(25):  # 25 pauses of 20-40 ms on random ranks at random times
+        r, at, d = int(rng.integers(0, 8)), int(rng.integers(t_min, t_max)), \
+            int(rng.integers(20, 40)) * MS
+        t[(rank == r) & (t > at)] += d
+    shifted = coll.set_column(coll.schema.get_field_index("t"), "t", pa.array(t))
+    det = SlowdownDetector(job.meta)
+    out = []
+    for _, batch in replay({"coll": shifted}, 20 * MS):
+        out += det.update(batch)
+    assert out == []
+
+
+def test_a_second_slowdown_during_an_open_one_is_reported_on_its_own() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=60, faults=[
+        Fault("compute", 10, 50, 1.3, rank=5), Fault("compute", 25, 40, 2.5, rank=2)])
+    reports = _detect(job)
+    opened = {}
+    for a in reports:
+        opened.setdefault(a.id, a)
+    assert [a.ranks for a in opened.values()] == [[5], [2]]
+    closed = {a.id: a for a in reports if a.end_ns is not None}
+    assert set(closed) == set(opened)
+    assert closed["slow-1"].end_ns < closed["slow-0"].end_ns

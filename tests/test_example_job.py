@@ -107,8 +107,6 @@ def test_slow_link_visible_in_trace(slow_link_trace: Path) -> None:
     assert late[0] < 30 and late[4] < 30  # the other DP pairs cross the healthy veth pair
 
 
-@pytest.mark.xfail(strict=True, reason="detectors blame rank 5 (compute): it reaches the next "
-                   "TP all-reduce late because its DP all-reduce on the slow link ended late")
 def test_slow_link_named(slow_link_trace: Path) -> None:
     found = _analyze(slow_link_trace)
     assert found and found[0]["cause"] == "communication"

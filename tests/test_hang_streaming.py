@@ -145,16 +145,7 @@ BOUND_CASES = {
 }
 
 
-
-PROCESSOR_HORIZON = pytest.mark.xfail(
-    strict=True,
-    reason="the stream processor now holds input until every record kind reaches an input "
-           "horizon; with this harness's fake clock the hang detector is ticked but never "
-           "updated (open follow-up: issue 4/6 integration)")
-
-
 @pytest.mark.parametrize("cause", list(BOUND_CASES))
-@PROCESSOR_HORIZON
 def test_detected_within_2x_expected_plus_one_tick(cause: str) -> None:
     """The gradient buffers are large and the data-parallel rings cross nodes (a grads-sync
     takes ~0.8 s), so 2 x T_expected, not the
@@ -185,7 +176,6 @@ def test_detected_within_2x_expected_plus_one_tick(cause: str) -> None:
     assert got.end_ns is None
 
 
-@PROCESSOR_HORIZON
 def test_not_entered_waits_for_the_host_pause_allowance() -> None:
     """With the default configuration a member that never entered is named once it has been
     silent for ``idle_floor_ns`` (a GC pause or a checkpoint write on one rank looks the
@@ -208,7 +198,6 @@ def test_not_entered_waits_for_the_host_pause_allowance() -> None:
 # late records, pauses
 
 
-@PROCESSOR_HORIZON
 def test_rank_whose_records_arrive_late_is_not_blamed() -> None:
     """Rank 3's collector delivers 3 s late and rank 12's 1.5 s late (longer than the 1 s
     floor): their peers' rounds wait for records that are on their way; no hang."""
@@ -218,14 +207,12 @@ def test_rank_whose_records_arrive_late_is_not_blamed() -> None:
     assert lag[3] >= 2.9 * S and lag[12] >= 1.4 * S and lag[0] < 0.25 * S
 
 
-@PROCESSOR_HORIZON
 def test_hang_with_a_late_victim_names_the_root() -> None:
     """The root's tensor-parallel peer (rank 4) lags 3 s: the hang is still the root's."""
     st = stream(_job([BOUND_CASES["not_entered"]]), lag={4: 3.0}, tail=4 * S)
     assert [(a.cause, a.ranks) for a in st.hangs] == [("not_entered", [5])]
 
 
-@PROCESSOR_HORIZON
 def test_late_root_is_named_after_its_lag() -> None:
     """The root itself lags 2 s: it is named, later by its lag, not before."""
     cfg = HangConfig()
@@ -237,7 +224,6 @@ def test_late_root_is_named_after_its_lag() -> None:
     assert got.detected_ns >= root_last + 2 * S + cfg.idle_floor_ns - TICK
 
 
-@PROCESSOR_HORIZON
 def test_checkpoint_pauses_with_a_collective_in_flight_are_not_hangs() -> None:
     """Three checkpoints: the first rank of each data-parallel group writes for 8, 30 and
     20 s while its peers wait in an 8-byte all-gather on the group. The first time, that
@@ -256,7 +242,6 @@ def test_checkpoint_pauses_with_a_collective_in_flight_are_not_hangs() -> None:
     assert t_exp is not None and t_exp < S and thr == HangConfig().floor_ns
 
 
-@PROCESSOR_HORIZON
 def test_first_checkpoint_in_a_known_small_operation_is_a_hang_until_learned() -> None:
     """The limit of learning: a small operation the job has run quickly before (here the
     checkpoint all-reduce itself, first with a 2 s write) gets its learned threshold; a
@@ -267,7 +252,6 @@ def test_first_checkpoint_in_a_known_small_operation_is_a_hang_until_learned() -
         ("not_entered", [0], True), ("not_entered", [0], False)]
 
 
-@PROCESSOR_HORIZON
 def test_hang_after_a_learned_checkpoint_pause_is_still_found() -> None:
     """A long learned tail on the checkpoint all-gather does not hide a later hang in the
     ordinary rounds."""

@@ -108,7 +108,8 @@ def test_critical_path_of_the_slow_iteration_blames_the_straggler(trace: Path) -
     assert path[-1].t1 <= t1 and path[0].t0 >= t0
     summary = cp.summarize(path)
     top_rank, top_ns = next(iter(summary["compute_by_rank_ns"].items()))
-    assert top_rank == 5 and top_ns > 0.4 * (path[-1].t1 - path[0].t0)
+    # the straggler's compute is most of the path's compute (its peers wait in collectives)
+    assert top_rank == 5 and top_ns > 0.5 * summary["by_kind_ns"]["compute"]
 
 
 def test_critical_path_of_a_tiny_job() -> None:

@@ -272,8 +272,8 @@ class RecordingAnalyzer(synth.FakeAnalyzer):
 
 
 def test_kinds_consumed_out_of_order_are_analysed_in_time_order() -> None:
-    """Topics are fetched independently: later progress rows may come before earlier coll
-    rows. The processor holds them until every kind has reached their time."""
+    """Topics are fetched independently (Kafka): later progress rows may come before earlier
+    coll rows. The processor holds them until every kind has reached their time."""
     from failslow import events
 
     bus = InProcessTransport()
@@ -291,7 +291,7 @@ def test_kinds_consumed_out_of_order_are_analysed_in_time_order() -> None:
         return made[-1]
 
     proc = StreamProcessor(bus, None, analyzer_factory=factory, clock="event", max_messages=1,
-                           analyzer_kinds=("coll", "progress"))
+                           analyzer_kinds=("coll", "progress"), align=True)
     for _ in range(14):
         proc.step()
     ranges = made[0].ranges
