@@ -55,29 +55,70 @@ def _is_clock(col: list[float | None]) -> bool:
     return bool(np.all(d > 0) and np.allclose(d, d[0], rtol=1e-6, atol=0.0))
 
 
+def _classify(cells: list[str]) -> str:
+    """``numeric`` (every present cell a finite number), ``text`` (no cell a number) or
+    ``mixed`` (numbers with some text or infinities: bad input)."""
+    kinds = set()
+    for c in cells:
+        v = _number(c)
+        if v is None:
+            kinds.add("text")
+        elif math.isinf(v):
+            kinds.add("bad")
+        elif not math.isnan(v):
+            kinds.add("num")
+    if kinds <= {"num"}:
+        return "numeric" if kinds else "empty"
+    return "text" if kinds == {"text"} else "mixed"
+
+
 def read_series(text: str, source: str = "series") -> tuple[list[str], np.ndarray,
                                                              list[str] | None]:
     """Parse CSV text: (numeric column names, ``(n, d)`` values with NaN for missing,
-    index labels or None)."""
+    index labels or None). Bad input raises :class:`SeriesError` naming the line (1-based,
+    the header is line 1) and the column: a cell that is neither a number nor a missing
+    value in a numeric column, an infinite value, a row with more cells than the header."""
     sample = text[:4096]
     try:
         dialect: Any = csv.Sniffer().sniff(sample, delimiters=",;\t ")
     except csv.Error:
         dialect = csv.excel
-    rows = [r for r in csv.reader(io.StringIO(text), dialect) if any(c.strip() for c in r)]
+    reader = csv.reader(io.StringIO(text), dialect)
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    try:
+        for r in reader:
+            if any(c.strip() for c in r):
+                rows.append(r)
+                lines.append(reader.line_num)
+    except csv.Error as e:
+        raise SeriesError(f"{source}: line {reader.line_num}: {e}") from None
     if len(rows) < 2:
         raise SeriesError(f"{source}: expected a header row and at least one row of values")
     header = [h.strip() for h in rows[0]]
     body = rows[1:]
-    width = max(len(header), max(len(r) for r in body))
-    header += [f"column{j}" for j in range(len(header), width)]
+    width = len(header)
+    for r, line in zip(body, lines[1:], strict=True):
+        extra = [c for c in r[width:] if c.strip()]
+        if extra:
+            raise SeriesError(f"{source}: line {line} has {len(r)} cells but the header has "
+                              f"{width} ({', '.join(header)})")
     cols = [[(r[j] if j < len(r) else "") for r in body] for j in range(width)]
+    kinds = [_classify(col) for col in cols]
+    first_text = kinds[0] == "text" or (kinds[0] == "mixed" and width > 1)
+    for j in range(1 if first_text else 0, width):
+        if kinds[j] != "mixed":
+            continue
+        for i, cell in enumerate(cols[j]):
+            v = _number(cell)
+            if v is None or math.isinf(v):
+                raise SeriesError(
+                    f"{source}: line {lines[i + 1]}, column {j + 1} ({header[j] or '?'}): "
+                    f"{cell.strip()!r} is not a number (missing values: empty, NA, NaN)")
     parsed = [[_number(c) for c in col] for col in cols]
-    numeric = [j for j in range(width)
-               if all(v is not None for v in parsed[j])
-               and any(not math.isnan(v) for v in parsed[j] if v is not None)]
+    numeric = [j for j in range(width) if kinds[j] == "numeric"]
     index: list[str] | None = None
-    first_is_index = (0 not in numeric or header[0].lower() in INDEX_NAMES
+    first_is_index = (first_text or header[0].lower() in INDEX_NAMES
                       or (len(numeric) > 1 and _is_clock(parsed[0])))
     if first_is_index and width > 1:
         index = [c.strip() for c in cols[0]]
@@ -93,8 +134,12 @@ def _cmd(args: argparse.Namespace) -> int:
     path = args.series
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as e:
-        print(f"failslow changepoints: {e}", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"failslow changepoints: {path}: {e}", file=sys.stderr)
+        return 2
+    if not args.hazard > 1:
+        print(f"failslow changepoints: --hazard must be an expected run length > 1, not "
+              f"{args.hazard}", file=sys.stderr)
         return 2
     try:
         names, values, index = read_series(text, path)

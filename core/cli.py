@@ -37,6 +37,7 @@ BENCHMARK_MODULES: tuple[str, ...] = (
     "failslow.detectors.accuracy_hang",
     "failslow.detectors.accuracy",
     "failslow.stream.bench",
+    "failslow.detectors.cpbench",
 )
 
 DESCRIPTION = """\
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     bench.add_argument("--scale", type=float, default=1.0,
                        help="shrink (<1) or grow (>1) the benchmark's work")
+    bench.add_argument("--data", metavar="DIR", default=None,
+                       help="input data of benchmarks that read some (changepoints: a TCPD "
+                            "directory with annotations.json)")
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -22,8 +22,10 @@ Iteration times (the slow-down detector, :class:`ChangeTracker`):
 Any series (``failslow changepoints``, :func:`segment`): z-scored columns (several columns
 are one multivariate series with a diagonal Normal-Gamma model), lone outliers clipped,
 BOCPD's maximum a posteriori segmentation (hazard 1/100) and a verification that keeps a
-candidate only when a change of level, trend or variance there pays for its BIC penalty
-(:func:`verify`).
+candidate only when a change of level, trend or variance there pays for its BIC penalty,
+each kept change point moved to the best split between its neighbours
+(:func:`verify`). ``failslow bench changepoints`` (:mod:`failslow.detectors.cpbench`)
+scores it on the TCPD benchmark against the published BOCPD results.
 """
 
 from __future__ import annotations
@@ -672,7 +674,8 @@ def bocpd_map(z: np.ndarray, hazard: float = 1.0 / 100.0, kappa0: float = 1.0,
 
 
 class _Prefix:
-    """Prefix sums for O(1) least-squares costs of segments (per column)."""
+    """Prefix sums for O(1) least-squares costs of segments (per column), vectorized over
+    many segments at once."""
 
     def __init__(self, z: np.ndarray) -> None:
         n = len(z)
@@ -684,33 +687,35 @@ class _Prefix:
         self.st, self.stt = cum(t), cum(t * t)
         self.sx, self.sxt, self.sxx = cum(z), cum(z * t[:, None]), cum(z * z)
 
-    def cost(self, a: int, b: int, floor: float = 1e-3) -> float:
-        """``-2 log L`` (up to constants) of ``z[a:b]`` under a Gaussian with its own
-        linear trend and variance per column (a mean only below 3 values)."""
-        n = b - a
+    def costs(self, a: np.ndarray, b: np.ndarray, floor: float = 1e-3) -> np.ndarray:
+        """``-2 log L`` (up to constants) of every segment ``z[a_i:b_i]`` under a Gaussian
+        with its own linear trend and variance per column (a mean only below 3 values)."""
+        a = np.asarray(a, dtype=np.int64)
+        b = np.asarray(b, dtype=np.int64)
+        n = (b - a).astype(np.float64)[:, None]
         sx = self.sx[b] - self.sx[a]
         rss = self.sxx[b] - self.sxx[a] - sx * sx / n
-        if n >= 3:
-            st = self.st[b] - self.st[a]
-            vt = self.stt[b] - self.stt[a] - st * st / n
-            cxt = self.sxt[b] - self.sxt[a] - sx * st / n
-            rss = rss - cxt * cxt / vt
-        return float(np.sum(n * np.log(np.maximum(rss / n, floor))))
+        st = (self.st[b] - self.st[a])[:, None]
+        vt = (self.stt[b] - self.stt[a])[:, None] - st * st / n
+        cxt = self.sxt[b] - self.sxt[a] - sx * st / n
+        trend = np.where(n >= 3, cxt * cxt / np.where(vt > 0, vt, 1.0), 0.0)
+        rss = rss - trend
+        return np.sum(n * np.log(np.maximum(rss / n, floor)), axis=1)
+
+    def cost(self, a: int, b: int, floor: float = 1e-3) -> float:
+        return float(self.costs(np.array([a]), np.array([b]), floor)[0])
+
+    def best_split(self, a: int, b: int, lo: int, hi: int) -> int:
+        """The split ``p`` in ``[lo, hi]`` minimizing ``cost(a, p) + cost(p, b)``."""
+        ps = np.arange(lo, hi + 1)
+        total = self.costs(np.full(len(ps), a), ps) + self.costs(ps, np.full(len(ps), b))
+        return lo + int(np.argmin(total))
 
 
-def verify(z: np.ndarray, cps: list[int], penalty: float | None = None,
-           min_len: int = 2, refine: int = 10) -> list[int]:
-    """The verification step for generic series: change-point candidates are kept only
-    where they pay for themselves. Each segment is a Gaussian with its own linear trend and
-    variance (so a trend that goes on, or noise, is no change); candidates are removed
-    weakest first while the likelihood gained by splitting there is below the BIC penalty
-    ``(3 d + 1) log n`` (level, slope and variance per column, plus the location).
-    Segments shorter than ``min_len`` are merged into a neighbour first; each kept change
-    point is then moved, within ``refine`` values, to the split that fits best."""
-    n, d = z.shape
-    cost = _Prefix(z)
-    pen = (3 * d + 1) * math.log(max(n, 2)) if penalty is None else penalty
-    b = [0, *sorted({int(c) for c in cps if 0 < c < n}), n]
+def _prune(cost: _Prefix, b: list[int], pen: float, min_len: int) -> list[int]:
+    """Boundaries ``b`` (with 0 and n) after merging segments shorter than ``min_len`` and
+    removing, weakest first, every change point whose split gains less than ``pen``."""
+    b = list(b)
 
     def gain(i: int) -> float:
         return cost.cost(b[i - 1], b[i + 1]) - cost.cost(b[i - 1], b[i]) \
@@ -727,51 +732,85 @@ def verify(z: np.ndarray, cps: list[int], penalty: float | None = None,
                     merged = True
                     break
     while len(b) > 2:
-        gains = [gain(i) for i in range(1, len(b) - 1)]
+        mid = np.arange(1, len(b) - 1)
+        bb = np.asarray(b)
+        gains = (cost.costs(bb[mid - 1], bb[mid + 1]) - cost.costs(bb[mid - 1], bb[mid])
+                 - cost.costs(bb[mid], bb[mid + 1]))
         j = int(np.argmin(gains))
         if gains[j] >= pen:
             break
         del b[j + 1]
-    # each kept change point moved to the best split between its neighbours nearby (BOCPD
-    # places a change of slope or variance late: it sees it once the level has drifted)
+    return b
+
+
+def verify(z: np.ndarray, cps: list[int], penalty: float | None = None,
+           min_len: int = 2, refine: int = 10, rounds: int = 3) -> list[int]:
+    """The verification step for generic series: change-point candidates are kept only
+    where they pay for themselves. Each segment is a Gaussian with its own linear trend and
+    variance (so a trend that goes on, or noise, is no change); candidates are removed
+    weakest first while the likelihood gained by splitting there is below the BIC penalty
+    ``(3 d + 1) log n`` (level, slope and variance per column, plus the location).
+    Segments shorter than ``min_len`` are merged into a neighbour first. Each kept change
+    point is then moved, within ``refine`` values, to the split that fits best; and for up
+    to ``rounds`` rounds every change point moves to the best split anywhere between its
+    neighbours and the set is pruned again, until it no longer changes (BOCPD, a model of
+    constant level, places a change of slope late or as two changes around a peak)."""
+    n, d = z.shape
+    cost = _Prefix(z)
+    pen = (3 * d + 1) * math.log(max(n, 2)) if penalty is None else penalty
+    b = _prune(cost, [0, *sorted({int(c) for c in cps if 0 < c < n}), n], pen, min_len)
     for i in range(1, len(b) - 1):
         lo = max(b[i - 1] + min_len, b[i] - refine)
         hi = min(b[i + 1] - min_len, b[i] + refine)
         if hi > lo:
-            costs = [cost.cost(b[i - 1], p) + cost.cost(p, b[i + 1]) for p in range(lo, hi + 1)]
-            b[i] = lo + int(np.argmin(costs))
+            b[i] = cost.best_split(b[i - 1], b[i + 1], lo, hi)
+    for _ in range(rounds):
+        moved = list(b)
+        for i in range(1, len(moved) - 1):
+            lo, hi = moved[i - 1] + min_len, moved[i + 1] - min_len
+            if hi > lo:
+                moved[i] = cost.best_split(moved[i - 1], moved[i + 1], lo, hi)
+        pruned = _prune(cost, moved, pen, min_len)
+        if pruned == b:
+            break
+        b = pruned
     return b[1:-1]
+
+
+def _medians_before(z: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
+    """``median(z[max(0, i - width):i])`` per column for every ``i`` in ``idx`` (``i >= 1``)."""
+    out = np.empty((len(idx), z.shape[1]))
+    full = idx >= width
+    if full.any():
+        win = np.lib.stride_tricks.sliding_window_view(z, width, axis=0)  # (n-w+1, d, w)
+        out[full] = np.median(win[idx[full] - width], axis=2)
+    for k in np.flatnonzero(~full):  # the first few indices only (fewer than `width`)
+        out[k] = np.median(z[:idx[k]], axis=0)
+    return out
 
 
 def window_series(z: np.ndarray, w: int = 5, big_w: int = 20, k: float = 3.0) -> list[int]:
     """Sliding-window detector on a standardized series: index ``i`` is a candidate when,
     in some column, the median of the next ``w`` values differs from the median of the
     ``big_w`` before by more than ``k`` robust noise deviations (from the first
-    differences); a run of candidates yields its strongest index."""
+    differences); each run of candidates yields one change point, placed where the medians
+    of the ``w`` values on either side differ most."""
     n, d = z.shape
     if n < w + 3:
         return []
     diffs = np.diff(z, axis=0)
     noise = 1.4826 * np.median(np.abs(diffs - np.median(diffs, axis=0)), axis=0) / math.sqrt(2)
     noise = np.where(noise > 0, noise, 1.0)
+    idx = np.arange(2, n - w + 1)
+    after = np.median(np.lib.stride_tricks.sliding_window_view(z, w, axis=0)[idx], axis=2)
     score = np.zeros(n)
-    for i in range(2, n - w + 1):
-        before = np.median(z[max(0, i - big_w):i], axis=0)
-        after = np.median(z[i:i + w], axis=0)
-        score[i] = float(np.max(np.abs(after - before) / noise))
+    score[idx] = np.max(np.abs(after - _medians_before(z, idx, big_w)) / noise, axis=1)
+    local = np.zeros(n)
+    local[idx] = np.max(np.abs(after - _medians_before(z, idx, w)) / noise, axis=1)
     hit = score > k
-    out = []
-    i = 0
-    while i < n:
-        if hit[i]:
-            j = i
-            while j + 1 < n and hit[j + 1]:
-                j += 1
-            out.append(i + int(np.argmax(score[i:j + 1])))
-            i = j + 1
-        else:
-            i += 1
-    return out
+    edges = np.diff(np.concatenate(([0], hit.astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return [int(a + np.argmax(local[a:b])) for a, b in zip(starts, ends, strict=True)]
 
 
 def segment(series: np.ndarray, method: str = "bocd+v", hazard: float = 1.0 / 100.0

@@ -99,3 +99,34 @@ def test_files_without_a_series_are_rejected(tmp_path: Path,
     assert code == 2 and out == "" and "no numeric column" in err
     code, _, err = _run([str(tmp_path / "missing.csv")], capsys)
     assert code == 2 and err
+
+
+def test_a_bad_cell_is_an_error_naming_its_line_and_column(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SeriesError, match=r"line 4, column 3 \(b\): 'oops'"):
+        read_series("t,a,b\n0,1,2\n1,1,3\n2,2,oops\n3,2,2\n", "s")
+    with pytest.raises(SeriesError, match=r"line 3, column 1 \(x\): 'inf'"):
+        read_series("x\n1\ninf\n2\n", "s")
+    with pytest.raises(SeriesError, match="line 3 has 3 cells but the header has 2"):
+        read_series("a,b\n1,2\n1,2,3\n", "s")
+    f = _write(tmp_path / "bad.csv", ["a", "b"], [[1, 2], [3, "x1"], [5, 6]])
+    code, out, err = _run([str(f), "--json"], capsys)
+    assert code == 2 and out == "" and "line 3, column 2 (b)" in err
+
+
+def test_missing_values_and_a_text_index_are_accepted() -> None:
+    names, values, index = read_series(
+        "date,a,b\n2024-01,1,NA\n2024-02,,2\n2024-03,null,n/a\n2024-04,4,5\n", "s")
+    assert names == ["a", "b"] and index == ["2024-01", "2024-02", "2024-03", "2024-04"]
+    assert np.isnan(values[1, 0]) and np.isnan(values[0, 1]) and values[3].tolist() == [4, 5]
+
+
+def test_bad_options_and_binary_files_are_clear_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _write(tmp_path / "s.csv", ["x"], [[round(v, 3)] for v in _step()])
+    code, out, err = _run([str(f), "--hazard", "0.5"], capsys)
+    assert code == 2 and out == "" and "--hazard" in err
+    b = tmp_path / "b.csv"
+    b.write_bytes(b"\xff\xfe\x00\x81x\n")
+    code, out, err = _run([str(b)], capsys)
+    assert code == 2 and out == "" and str(b) in err

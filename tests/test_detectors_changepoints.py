@@ -230,3 +230,27 @@ def test_bocpd_map_recovers_steps() -> None:
                                     rng.normal(-2, 1, 100)]))
     cps = bocpd_map(z)
     assert any(abs(c - 100) <= 2 for c in cps) and any(abs(c - 200) <= 2 for c in cps)
+
+
+def test_segment_places_one_change_at_a_peak() -> None:
+    # a rise then a fall: BOCPD (constant-level model) proposes changes on both flanks; the
+    # verification moves one to the peak and drops the other
+    rng = np.random.default_rng(5)
+    t = np.arange(200, dtype=float)
+    x = np.where(t < 100, t * 0.1, 10 - (t - 100) * 0.1) + rng.normal(0, 0.3, 200)
+    (cp,) = segment(x)
+    assert abs(cp - 100) <= 3
+
+
+def test_segment_survives_an_empty_column_and_infinities() -> None:
+    rng = np.random.default_rng(6)
+    x = np.stack([np.concatenate([rng.normal(0, 1, 100), rng.normal(5, 1, 100)]),
+                  np.full(200, np.nan)], axis=1)
+    x[50, 0] = np.inf
+    assert segment(x) == [100]
+
+
+def test_window_series_places_a_step_where_it_is() -> None:
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(0, 1, 80), rng.normal(5, 1, 70)])
+    assert segment(x, "window") == [80]
