@@ -3,9 +3,15 @@
 Simulates the ``demo`` preset (64 ranks, tp2 pp4 dp8, a compute straggler and later a slow
 link), publishes its events in time order through the in-process transport (``meta``
 first, then 100 ms windows of trace time), runs the stream processor on event time, stores
-events, rounds, iterations and anomalies in embedded ClickHouse (chDB) under
-``DATA_DIR/clickhouse``, reads the anomalies back from there, compares them with the
-simulator's ground truth and writes ``DATA_DIR/report.html``.
+events, rounds, iterations, anomalies and the mitigation planner's advice (Greyhound §5.1)
+in embedded ClickHouse (chDB) under ``DATA_DIR/clickhouse``, reads the anomalies and the
+advice back from there, compares the anomalies with the simulator's ground truth and writes
+``DATA_DIR/report.html``.
+
+The planner's action costs are Greyhound's seconds and minutes of lost training time (S2
+5 s, S3 60 s, S4 30 min) for jobs that run for days; the demo job lasts 25 s with 0.4 s
+iterations, so its costs are scaled to it (:data:`DEMO_COSTS`: S2 after half an
+iteration's worth of lost time, S3 after one), so that the ladder shows.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from failslow.replay import DEFAULT_WINDOW_NS, replay
 from failslow.stream.clickhouse import ClickHouseSink, connect, default_data_dir
 
 DEMO_DATABASE = "failslow_demo"
+#: The planner's action costs (s of lost training time) scaled to the demo's 25 s job.
+DEMO_COSTS = {"S2": 0.2, "S3": 0.4, "S4": 30.0}
 #: About this many processor runs (checkpoints) over the whole replay.
 CHECKPOINTS = 60
 
@@ -48,6 +56,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from failslow.simulator import load_scenario, simulate
+    from failslow.stream import processor as processor_module
     from failslow.stream.processor import StreamProcessor
     from failslow.stream.transport import InProcessTransport
 
@@ -71,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         sink.create_schema()
         transport = InProcessTransport(keep_committed=False)
         processor = StreamProcessor(transport, sink, clock="event",
+                                    analyzer_factory=_demo_analyzer(processor_module),
                                     checkpoint_messages=1 << 30,
                                     checkpoint_interval_s=math.inf)
         windows = list(replay(sim.tables, DEFAULT_WINDOW_NS))
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         iterations = sink.read("iterations", meta.job)
         rounds = sink.read("rounds", meta.job)
         stored_events = sink.count("coll", meta.job)
+        advice = sink.read("advice", meta.job)
     finally:
         client.close()
 
@@ -105,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
                                              f"{DEMO_DATABASE}.anomalies)"))
     matches, extra = match_truth(stored, truth.anomalies)
     console.print(_truth_table(matches, extra, t0))
+    console.print(_advice_table(advice, t0, f"Mitigation advice (read back from ClickHouse "
+                                            f"{DEMO_DATABASE}.advice)"))
     found = sum(m.found is not None for m in matches)
 
     report_diag = Diagnosis(job=meta.job, iterations=diagnosis.iterations, anomalies=stored,
@@ -116,13 +129,39 @@ def run(args: argparse.Namespace) -> int:
         f"found {found} of {len(matches)} injected faults, {len(extra)} extra; "
         f"{stats.messages:,} messages, {sum(stats.rows.values()):,} rows "
         f"({stored_events:,} coll rows stored), {stats.dead_letters} dead letters, "
-        f"{stats.errors} errors, {stats.checkpoints} checkpoints; {elapsed:.1f} s")
+        f"{stats.errors} errors, {stats.checkpoints} checkpoints, {advice.num_rows} advice "
+        f"rows; {elapsed:.1f} s")
     console.print(f"ClickHouse data: {data_dir / 'clickhouse'} (database {DEMO_DATABASE})")
     console.print(f"report: {report}")
     if stats.errors:
         console.print(f"[red]the analyzer failed on {stats.errors} batch(es); see the log[/]")
         return 1
     return 0
+
+
+def _demo_analyzer(processor_module: Any) -> Any:
+    """The processor's default analyzer with the planner's costs scaled to the demo job."""
+    from failslow.detectors.planner import PlannerConfig
+
+    def make(meta: Any) -> Any:
+        analyzer = processor_module.default_analyzer(meta)
+        if getattr(analyzer, "planner", None) is not None:
+            analyzer.planner.config = PlannerConfig(cost_s=dict(DEMO_COSTS))
+        return analyzer
+    return make
+
+
+def _advice_table(advice: Any, t0: int, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("at s", "anomaly", "strategy", "action", "impact s", "cost s", "reason"):
+        table.add_column(col, justify="right" if col.endswith(" s") else "left")
+    rows = sorted(advice.to_pylist(), key=lambda r: (r["t_ns"], r["advice_id"]))
+    for r in rows:
+        table.add_row(_s(r["t_ns"], t0), r["anomaly_id"], r["strategy"], r["action"],
+                      f"{r['impact_s']:.3g}", f"{r['cost_s']:.3g}", r["reason"])
+    if not rows:
+        table.add_row("-", "no advice", "", "", "", "", "")
+    return table
 
 
 def _origin(iterations: Any, rounds: Any, default: int) -> int:

@@ -1,6 +1,7 @@
 """``failslow notify``: page on anomalies (see :mod:`failslow.dashboards.notify`).
 
-Consumes ``failslow.anomalies`` (and ``failslow.meta`` for the jobs' sizes) from Kafka as
+Consumes ``failslow.anomalies``, ``failslow.advice`` (the mitigation planner's advice, put
+in the payloads) and ``failslow.meta`` (for the jobs' sizes) from Kafka as
 consumer group ``failslow-notify`` and sends the webhooks that the routes config asks for.
 ``--check`` only validates the config and the environment it names.
 """
@@ -25,8 +26,10 @@ def add_parser(subparsers: Any) -> None:
         description="Consume anomaly reports and send webhooks: routing by job and severity "
                     "(GPU-hours lost; hangs are critical), de-duplication by anomaly id, a "
                     "resolve when an anomaly ends, retries with backoff and jitter, rate "
-                    "limits, HMAC-SHA256 signatures. Secrets come only from the environment. "
-                    "The outbox is kept in a state file, so a restart loses no page.")
+                    "limits, HMAC-SHA256 signatures; the mitigation planner's advice "
+                    "rides in the payloads and an update is sent when it escalates. "
+                    "Secrets come only from the environment. The outbox is kept in a state "
+                    "file, so a restart loses no page.")
     p.add_argument("--config", type=Path, required=True,
                    help="routes and receivers (YAML or TOML)")
     p.add_argument("--kafka", default=None, metavar="SERVERS",
@@ -61,10 +64,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from failslow.stream.kafka import KafkaTransport
+    from failslow.stream.sink import ADVICE_TOPIC
     from failslow.stream.transport import ANOMALIES_TOPIC, topic_for
 
     transport = KafkaTransport(args.kafka, group_id=args.group, topic_prefix=args.topic_prefix,
-                               subscribe=(topic_for("meta"), ANOMALIES_TOPIC), produce=False)
+                               subscribe=(topic_for("meta"), ANOMALIES_TOPIC, ADVICE_TOPIC),
+                               produce=False)
     stopping = False
 
     def stop(*_: object) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from failslow.detectors.microbatches import allocate_microbatches
+from failslow.replay import DEFAULT_WINDOW_NS
 
 
 def _times(text: str) -> list[float]:
@@ -153,6 +154,86 @@ def add_parser(sub: Any) -> None:
                       help="use this diagnosis JSON instead of analyzing the trace")
     topo.add_argument("--json", action="store_true", help="print one JSON object")
     topo.set_defaults(func=_cmd_topology)
+    adv = plan_sub.add_parser(
+        "advice", help="replay a trace and print the mitigation planner's advice events",
+        description="Replay TRACE_DIR through the detectors as `failslow analyze` and the "
+                    "stream processor do, and print the ski-rental planner's decisions "
+                    "(Greyhound Algorithm 1): per slow anomaly, S2 / S3 / S4 applied when "
+                    "the accumulated impact reaches the strategy's cost, skipped when its "
+                    "plan cannot help, reverted when the anomaly ends. With --json: one "
+                    "mitigation_advice object per line (what `failslow.advice` carries; "
+                    "the micro-batch client reads such a file).")
+    adv.add_argument("trace", metavar="TRACE_DIR", help="a trace directory")
+    adv.add_argument("--cost", type=_costs, default={}, metavar="S2=SEC,S3=SEC,S4=SEC",
+                     help="action costs in seconds of lost training time (defaults: "
+                          "S2=5, S3=60, S4=1800; Greyhound §5.2, §7.4)")
+    adv.add_argument("--multiple-of", type=int, default=1, metavar="P",
+                     help="S2 counts a multiple of P (the pipeline depth for 1F1B)")
+    adv.add_argument("--json", action="store_true", help="JSON Lines, one advice per line")
+    adv.set_defaults(func=_cmd_advice)
+
+
+def _costs(text: str) -> dict[str, float]:
+    """``S2=5,S3=60`` -> action costs in seconds (strategies not named keep their default)."""
+    from failslow.detectors.planner import PlannerConfig
+
+    try:
+        return PlannerConfig.parse_costs(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
+                 multiple_of: int = 1) -> tuple[Any, list[Any]]:
+    """Replay ``trace_dir`` through the job analyzer, as ``failslow analyze`` and the stream
+    processor do, and collect the mitigation planner's advice (Greyhound §5.1, Algorithm 1)
+    in decision order. Returns the job's meta and the :class:`~failslow.detectors.planner
+    .Advice` list."""
+    import dataclasses
+
+    from failslow.analyze import _membership, replay_dir
+    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.detectors.planner import PlannerConfig
+    from failslow.detectors.slowdown import infer_comms
+    from failslow.tracedir import TraceDir
+
+    td = TraceDir(trace_dir)
+    meta = td.meta()
+    if not meta.comms:
+        meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
+    config = PlannerConfig()
+    config.cost_s.update(cost_s or {})
+    analyzer = JobAnalyzer(meta, JobConfig(planner=config, planner_multiple_of=multiple_of))
+    advice: list[Any] = []
+    for now, batch in replay_dir(td, DEFAULT_WINDOW_NS):
+        advice += analyzer.update(batch).advice
+        advice += analyzer.on_tick(now).advice
+    return meta, advice
+
+
+def _cmd_advice(args: argparse.Namespace) -> int:
+    try:
+        meta, advice = trace_advice(args.trace, args.cost, args.multiple_of)
+    except (ValueError, OSError) as e:
+        print(f"failslow plan advice: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        for a in advice:
+            print(a.to_json())
+        return 0
+    if not advice:
+        print(f"{meta.job}: no mitigation advised (no slow anomaly lasted long enough for its "
+              "impact to reach the cost of a strategy)")
+        return 0
+    print(f"{meta.job}: {len(advice)} advice event(s) (trace time from the job's start)")
+    for a in advice:
+        where = ("link " + "-".join(map(str, a.link))) if a.link else \
+            "ranks " + ",".join(map(str, a.ranks))
+        print(f"  t+{(a.t_ns - meta.t) / 1e9:8.2f} s  {a.anomaly_id} ({a.cause}, {where}): "
+              f"{a.strategy} {a.action} -- {a.description}; {a.reason}")
+        if a.plan and a.action == "apply" and a.plan.get("m") is not None:
+            print(f"      micro-batches per DP group: {' '.join(map(str, a.plan['m']))}")
+    return 0
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:

@@ -14,6 +14,13 @@ and the jobs' ``meta`` messages (for the number of ranks), and sends webhooks:
 * **de-duplication** by ``job/anomaly id``: the processor reports an anomaly when it opens and
   again when it ends (same id); repeats of the same state send nothing, the end sends one
   *resolve* to the receivers that got the trigger;
+* **mitigation advice** (Greyhound §5.1: the processor's ski-rental planner, topic
+  ``failslow.advice``): every payload carries the anomaly's current advice (generic JSON
+  ``advice``, a Slack line and field, PagerDuty ``custom_details.advice``, an Alertmanager
+  ``advice`` annotation); when the advice escalates (a strategy is applied: S2, then S3, then
+  S4) an *advise* update goes to the receivers that got the trigger (PagerDuty: a trigger
+  with the same dedup key, which updates the incident). Advice is de-duplicated by its id;
+  advice that arrives before its anomaly waits for it and rides on the trigger;
 * **delivery**: retries with exponential backoff and full jitter on timeouts, connection
   errors, 429 and 5xx (``Retry-After`` honoured), no retry on other 4xx; a token-bucket rate
   limit per receiver; an ``X-Failslow-Signature: sha256=HMAC(secret, timestamp + "." +
@@ -60,7 +67,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -298,15 +305,35 @@ def _who(a: Anomaly) -> str:
     return "rank" + ("s " if len(a.ranks) != 1 else " ") + ",".join(str(r) for r in a.ranks)
 
 
-def summary(job: str, a: Anomaly, event: str, sev: str, cost: float) -> str:
-    head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: "}[event]
+def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
+            advice: Mapping[str, Any] | None = None) -> str:
+    head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: ",
+            "advise": "mitigation advice: "}[event]
     parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a)}"]
     if a.stage:
         parts.append(f"in {a.stage}")
     if a.slowdown is not None:
         parts.append(f"({a.slowdown:.2f}x)")
     parts.append(f"~{cost:.3g} GPU-h lost")
-    return " ".join(parts)
+    line = advice_text(advice, resolved=event == "resolve")
+    return " ".join(parts) + (f"; {line}" if line else "")
+
+
+def advice_text(advice: Mapping[str, Any] | None, resolved: bool = False) -> str:
+    """One line for the anomaly's current advice ("" when none). Once the anomaly resolved,
+    an applied reversible strategy (S2, S3) is to be reverted (the planner's next advice)."""
+    if not advice:
+        return ""
+    strategy, action = advice.get("strategy", "?"), advice.get("action", "?")
+    if resolved and action == "apply" and strategy in ("S2", "S3"):
+        action = "revert"
+    text = f"advice {strategy} {action}: {advice.get('description', '')}"
+    if action == "apply" and advice.get("reason"):
+        text += f" ({advice['reason']})"
+    plan = advice.get("plan") or {}
+    if action == "apply" and strategy == "S2" and isinstance(plan, Mapping) and plan.get("m"):
+        text += f", micro-batches per DP group {' '.join(str(m) for m in plan['m'])}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -319,6 +346,7 @@ class Notice:
     severity: str
     cost_gpu_hours: float
     dedup_key: str
+    advice: dict[str, Any] | None = None  # the anomaly's current mitigation advice
 
     @property
     def a(self) -> Anomaly:
@@ -326,7 +354,8 @@ class Notice:
 
     @property
     def text(self) -> str:
-        return summary(self.job, self.a, self.event, self.severity, self.cost_gpu_hours)
+        return summary(self.job, self.a, self.event, self.severity, self.cost_gpu_hours,
+                       self.advice)
 
 
 _PD_SEVERITY = {"info": "info", "warning": "warning", "error": "error", "critical": "critical"}
@@ -342,7 +371,8 @@ def payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, 
     if a.stage:
         labels["stage"] = a.stage
     details = {"job": n.job, "anomaly": n.anomaly, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-               "severity": n.severity}
+               "severity": n.severity, "advice": n.advice}
+    advice_line = advice_text(n.advice, resolved=n.event == "resolve")
     if receiver.type == "pagerduty":
         body: dict[str, Any] = {
             "routing_key": receiver.routing_key(env),
@@ -362,14 +392,18 @@ def payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, 
                   {"title": "cause", "value": f"{a.kind}/{a.cause}", "short": True},
                   {"title": "where", "value": _who(a), "short": True},
                   {"title": "stage", "value": a.stage or "-", "short": True}]
+        if advice_line:
+            fields.append({"title": "mitigation", "value": advice_line, "short": False})
         return {"text": n.text, "attachments": [{"color": color, "fields": fields,
                                                  "footer": f"failslow {n.dedup_key}"}]}
     if receiver.type == "alertmanager":
         resolved = n.event == "resolve"
         end = a.end_ns if resolved else None
+        annotations = {"summary": n.text, "description": json.dumps(details, sort_keys=True)}
+        if advice_line:
+            annotations["advice"] = advice_line
         alert = {"status": "resolved" if resolved else "firing", "labels": labels,
-                 "annotations": {"summary": n.text,
-                                 "description": json.dumps(details, sort_keys=True)},
+                 "annotations": annotations,
                  "startsAt": _iso(a.start_ns), "endsAt": _iso(end),
                  "generatorURL": "", "fingerprint": hashlib.sha256(
                      n.dedup_key.encode()).hexdigest()[:16]}
@@ -380,7 +414,7 @@ def payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, 
                 "alerts": [alert]}
     return {"version": 1, "event": n.event, "dedup_key": n.dedup_key, "job": n.job,
             "severity": n.severity, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-            "summary": n.text, "anomaly": n.anomaly}
+            "summary": n.text, "anomaly": n.anomaly, "advice": n.advice}
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:
@@ -491,6 +525,7 @@ class Stats:
     failed: int = 0
     rate_limited: int = 0
     bad_messages: int = 0
+    advice: int = 0  # advice messages taken (new ones)
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -505,6 +540,8 @@ class _Known:
     resolved: bool
     updated: float
     first_seen: float
+    advice: dict[str, Any] | None = None  # the current advice (last apply or revert)
+    advice_ids: list[str] = field(default_factory=list)  # every advice taken
 
 
 class Notifier:
@@ -526,6 +563,7 @@ class Notifier:
         self.known: dict[str, _Known] = {}
         self.outbox: list[Delivery] = []
         self.failed: list[Delivery] = []
+        self.pending_advice: dict[str, list[dict[str, Any]]] = {}  # before their anomaly
         self.seq = 0
         now = clock()
         self.buckets = {n: TokenBucket(r.rate_per_minute, r.burst, now)
@@ -551,6 +589,7 @@ class Notifier:
         self.known = {k: _Known(**v) for k, v in state["known"].items()}
         self.outbox = [Delivery(**d) for d in state["outbox"]]
         self.failed = [Delivery(**d) for d in state["failed"]]
+        self.pending_advice = {k: list(v) for k, v in state.get("pending_advice", {}).items()}
 
     def save(self) -> None:
         """Write the state atomically (temporary file, fsync, rename, fsync the folder)."""
@@ -559,7 +598,8 @@ class Notifier:
         state = {"version": STATE_VERSION, "seq": self.seq, "world": self.world,
                  "known": {k: v.__dict__ for k, v in self.known.items()},
                  "outbox": [d.__dict__ for d in self.outbox],
-                 "failed": [d.__dict__ for d in self.failed[-1000:]]}
+                 "failed": [d.__dict__ for d in self.failed[-1000:]],
+                 "pending_advice": self.pending_advice}
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as f:
             json.dump(state, f, sort_keys=True)
@@ -591,7 +631,9 @@ class Notifier:
     def _enqueue(self, event: str, job: str, a: Anomaly, sev: str, cost: float,
                  receivers: Iterable[str]) -> None:
         key = f"{job}/{a.id}"
-        notice = Notice(event, job, a.to_dict(), sev, cost, key)
+        k = self.known.get(key)
+        notice = Notice(event, job, a.to_dict(), sev, cost, key,
+                        None if k is None else k.advice)
         for r in receivers:
             self.seq += 1
             self.outbox.append(Delivery(f"{key}#{event}#{self.seq}", r, key, event,
@@ -608,8 +650,10 @@ class Notifier:
         ended = a.end_ns is not None
         if k is None:
             receivers = self.config.route(job, a, sev)
-            self.known[key] = _Known(job, a.to_dict(), sev, receivers, ended, self.clock(),
-                                     self.clock())
+            k = self.known[key] = _Known(job, a.to_dict(), sev, receivers, ended,
+                                         self.clock(), self.clock())
+            for adv in self.pending_advice.pop(key, []):  # arrived first: rides along
+                self._take_advice(k, adv)
             self._enqueue("trigger", job, a, sev, cost, receivers)
             if ended:
                 self._enqueue("resolve", job, a, sev, cost, receivers)
@@ -635,6 +679,40 @@ class Notifier:
         k.severity, k.anomaly, k.updated = sev, a.to_dict(), self.clock()
         k.receivers = k.receivers + new
 
+    def offer_advice(self, advice: Mapping[str, Any]) -> None:
+        """Take one mitigation advice (``mitigation_advice`` object): it becomes the
+        anomaly's current advice; an *applied* strategy of an open anomaly that was paged
+        sends an ``advise`` update to the receivers that got the trigger. Repeats (same
+        ``advice_id``) send nothing; advice of an anomaly not seen yet waits for it."""
+        job, anomaly_id = str(advice["job"]), str(advice["anomaly_id"])
+        advice_id = str(advice["advice_id"])
+        key = f"{job}/{anomaly_id}"
+        k = self.known.get(key)
+        if k is None:
+            waiting = self.pending_advice.setdefault(key, [])
+            if any(w.get("advice_id") == advice_id for w in waiting):
+                self.stats.duplicates += 1
+                return
+            waiting.append(dict(advice))
+            del waiting[:-20]
+            self.stats.advice += 1
+            return
+        if advice_id in k.advice_ids:
+            self.stats.duplicates += 1
+            return
+        self.stats.advice += 1
+        self._take_advice(k, advice)
+        if advice.get("action") == "apply" and not k.resolved and k.receivers:
+            a = Anomaly.from_dict(dict(k.anomaly))
+            cost = self._cost(job, a, self.clock() - k.first_seen)
+            self._enqueue("advise", job, a, k.severity, cost, k.receivers)
+
+    @staticmethod
+    def _take_advice(k: _Known, advice: Mapping[str, Any]) -> None:
+        k.advice_ids.append(str(advice["advice_id"]))
+        if advice.get("action") in ("apply", "revert"):  # a skip changes nothing to do
+            k.advice = dict(advice)
+
     def tick(self) -> None:
         """Re-evaluate the open anomalies: their cost grows while they last."""
         for key, k in list(self.known.items()):
@@ -650,6 +728,7 @@ class Notifier:
 
     def handle(self, message: Any) -> None:
         """One transport message: an anomaly report or a job's meta."""
+        from failslow.stream.sink import ADVICE_TOPIC
         from failslow.stream.transport import ANOMALIES_TOPIC, decode, decode_anomaly, kind_of
 
         self.stats.messages += 1
@@ -657,6 +736,11 @@ class Notifier:
             if message.topic == ANOMALIES_TOPIC:
                 job, _, a = decode_anomaly(message)
                 self.offer(job, a)
+            elif message.topic == ADVICE_TOPIC:
+                body = json.loads(message.value)
+                if not isinstance(body, dict) or body.get("kind") != "mitigation_advice":
+                    raise ValueError("not a mitigation_advice message")
+                self.offer_advice(body)
             elif kind_of(message.topic) == "meta":
                 _, table = decode(message)
                 for row in table.to_pylist():

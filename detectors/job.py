@@ -4,8 +4,12 @@
 IterationTracker` (Greyhound §4.2 iteration times), the :class:`~failslow.detectors.slowdown.
 SlowdownDetector` (change points on those iteration times, CCL-D / Greyhound localization) and
 the :class:`~failslow.detectors.hang.HangDetector` (CCL-D hang taxonomy), and returns their
-reports and derived rows. ``snapshot()`` / ``restore()`` carry the whole state as JSON, so a
-restarted processor resumes without relearning baselines and without re-reporting.
+reports and derived rows. The :class:`~failslow.detectors.planner.MitigationPlanner`
+(Greyhound §5.1, Algorithm 1) follows the slow anomalies and the job's iteration times where
+they are produced and returns its mitigation advice with them (``Output.advice``).
+``snapshot()`` / ``restore()`` carry the whole state as JSON (the planner's open anomalies
+and accumulated impact included), so a restarted processor resumes without relearning
+baselines, without re-reporting and without advising twice.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from failslow import results
 from failslow.detectors.base import EventBatch
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
+from failslow.detectors.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
@@ -35,6 +40,8 @@ class Output:
     anomalies: list[Anomaly] = field(default_factory=list)
     rounds: pa.Table = field(default_factory=lambda: results.empty("rounds"))
     iterations: pa.Table = field(default_factory=lambda: results.empty("iterations"))
+    #: mitigation advice decided on these iterations and reports (Greyhound §5.1)
+    advice: list[Advice] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +51,10 @@ class JobConfig:
     iterations: IterationConfig = field(default_factory=IterationConfig)
     slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
     hang: HangConfig | None = None
+    #: action costs of the mitigation planner (None: no planner, no advice)
+    planner: PlannerConfig | None = field(default_factory=PlannerConfig)
+    #: every S2 micro-batch count a multiple of this (the pipeline depth for 1F1B, §5.2)
+    planner_multiple_of: int = 1
 
 
 class JobAnalyzer:
@@ -61,18 +72,32 @@ class JobAnalyzer:
         self.slowdown = SlowdownDetector(meta, self.config.slowdown, tracker=self.tracker)
         self.hang = HangDetector(meta, self.config.hang)
         self._anomalies: dict[str, Anomaly] = {}  # latest report per id, first-seen order
+        self.planner: MitigationPlanner | None = None
+        if self.config.planner is not None:
+            self.planner = MitigationPlanner(
+                meta.job, self.config.planner,
+                AnomalyPlans(meta, max(1, self.config.planner_multiple_of)))
 
     def update(self, batch: EventBatch) -> Output:
         iterations = self.tracker.update(batch)
         found = self.slowdown.update(batch, iterations=iterations)
         found += self.hang.update(batch)
         self._record(found)
-        return Output(found, self.slowdown.last_rounds, iterations)
+        return Output(found, self.slowdown.last_rounds, iterations,
+                      self._advise(iterations, found))
 
     def on_tick(self, now_ns: int) -> Output:
         found = self.slowdown.on_tick(now_ns) + self.hang.on_tick(now_ns)
         self._record(found)
-        return Output(found)
+        return Output(found, advice=self._advise(None, found))
+
+    def _advise(self, iterations: pa.Table | None, found: list[Anomaly]) -> list[Advice]:
+        """The planner's decisions on new iteration rows and reports (none without either)."""
+        if self.planner is None or (not found and (iterations is None
+                                                   or not iterations.num_rows)):
+            return []
+        return self.planner.update(results.empty("iterations") if iterations is None
+                                   else iterations, found)
 
     def _record(self, found: list[Anomaly]) -> None:
         for a in found:
@@ -89,7 +114,8 @@ class JobAnalyzer:
     def snapshot(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "tracker": self.tracker.snapshot(),
                 "slowdown": self.slowdown.snapshot(), "hang": self.hang.snapshot(),
-                "anomalies": [a.to_dict() for a in self._anomalies.values()]}
+                "anomalies": [a.to_dict() for a in self._anomalies.values()],
+                "planner": None if self.planner is None else self.planner.snapshot()}
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
@@ -99,3 +125,5 @@ class JobAnalyzer:
         self.hang.restore(state["hang"])
         self._anomalies = {}
         self._record([Anomaly.from_dict(a) for a in state["anomalies"]])
+        if self.planner is not None and state.get("planner") is not None:
+            self.planner.restore(state["planner"])

@@ -71,14 +71,13 @@ def allocate_microbatches(times: np.ndarray | list[float], total: int,
     makespan = max(best, floor_value)
     k = np.maximum(_count_upto(step, makespan), 1)
     excess = int(k.sum()) - units
-    if excess > 0:                               # ties at T*: take units back from the
-        order = np.argsort(-(k * step), kind="stable")  # groups with the largest load
-        for i in order:
-            take = min(excess, int(k[i]) - 1)
-            k[i] -= take
-            excess -= take
-            if excess == 0:
-                break
+    while excess > 0:  # more than M fit under T*: take one unit back from each of the
+        # groups with the largest loads, round by round, so that the slack is spread
+        # (no group drops far below its share; the makespan stays T*)
+        cand = np.flatnonzero(k > 1)
+        top = cand[np.argsort(-(k[cand] * step[cand]), kind="stable")[:excess]]
+        k[top] -= 1
+        excess -= int(top.size)
     m = k * multiple_of
     return Allocation(m=[int(x) for x in m], max_time=float(np.max(m * t)))
 

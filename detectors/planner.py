@@ -45,6 +45,8 @@ the GPU that held global rank old_slot runs new_rank), ``node_of_rank``, ``moves
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +69,8 @@ DESCRIPTIONS = {
 ADDRESSES = {"S2": {"compute", "mixed"}, "S3": {"compute", "communication", "mixed"},
              "S4": {"compute", "communication", "mixed"}}
 REVERSIBLE = {"S2", "S3"}
+#: Environment variable with the action costs of the stream processor's planner.
+COSTS_ENV = "FAILSLOW_PLANNER_COSTS"
 
 #: Arrow schema of advice rows (``Advice.to_row()``); ``plan`` is JSON text.
 ADVICE_SCHEMA = pa.schema([
@@ -101,6 +105,33 @@ class PlannerConfig:
     cost_s: dict[str, float] = field(
         default_factory=lambda: {"S2": 5.0, "S3": 60.0, "S4": 1800.0})
     healthy_window: int = 50        # iterations in the healthy baseline (median)
+
+    @classmethod
+    def parse_costs(cls, text: str) -> dict[str, float]:
+        """``"S2=5,S3=60"`` -> ``{"S2": 5.0, "S3": 60.0}`` (ValueError when malformed)."""
+        out: dict[str, float] = {}
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            name, sep, value = part.partition("=")
+            name = name.strip().upper()
+            try:
+                cost = float(value)
+            except ValueError:
+                cost = -1.0
+            if not sep or name not in STRATEGIES or not cost >= 0:
+                raise ValueError(f"{part!r}: expected STRATEGY=SECONDS with a strategy in "
+                                 f"{', '.join(STRATEGIES)} and a cost >= 0")
+            out[name] = cost
+        return out
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PlannerConfig:
+        """The defaults with the costs of ``$FAILSLOW_PLANNER_COSTS`` (``S2=5,S3=60,...``)
+        applied: how a deployment of the stream processor sets them."""
+        config = cls()
+        text = (os.environ if env is None else env).get(COSTS_ENV, "")
+        if text.strip():
+            config.cost_s.update(cls.parse_costs(text))
+        return config
 
 
 @dataclass
@@ -159,7 +190,8 @@ class Advice:
                    action=d["action"], t_ns=int(d["t_ns"]), impact_s=float(d["impact_s"]),
                    cost_s=float(d["cost_s"]), description=d.get("description", ""),
                    cause=d.get("cause", ""), ranks=list(d.get("ranks") or []),
-                   link=d.get("link"), slow_iterations=int(d.get("slow_iterations", 0)),
+                   link=list(d["link"]) if d.get("link") else None,  # stored: [] = none
+                   slow_iterations=int(d.get("slow_iterations", 0)),
                    t_slow_s=d.get("t_slow_s"), t_healthy_s=d.get("t_healthy_s"),
                    reason=d.get("reason", ""), plan=plan)
 
@@ -396,9 +428,20 @@ class AnomalyPlans:
         self.multiple_of = multiple_of
 
     def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
+        """The plan, or an infeasible one saying why when the job's description does not
+        allow one (no micro-batch count, a layout the planners do not know)."""
+        try:
+            return self._plan(strategy, anomaly)
+        except (ValueError, KeyError, IndexError) as e:
+            return {"strategy": strategy, "feasible": False, "reason": str(e)}
+
+    def _plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
         from failslow.detectors.microbatches import allocate_microbatches
         from failslow.detectors.topology_plan import Layout, PhysicalFaults, plan_topology
 
+        if strategy == "S2" and self.meta.microbatches <= 0:
+            return {"strategy": "S2", "feasible": False,
+                    "reason": "the job's micro-batch count is unknown"}
         layout = Layout.from_meta(self.meta)
         factor = float(anomaly.extra.get("severity") or anomaly.slowdown or 1.5)
         blocks = sorted({layout.block_of_rank(r) for r in anomaly.ranks})

@@ -13,7 +13,8 @@ Tables (``python -m failslow.stream.clickhouse`` prints the DDL; infra/clickhous
 is the committed copy):
 
 - the event kinds (``meta``, ``coll``, ``progress``, ``link``, ``gpu``, ``span``), the derived
-  ``rounds`` and ``iterations``, ``anomalies`` (one row per report), ``whatif`` and
+  ``rounds`` and ``iterations``, ``anomalies`` (one row per report), ``advice`` (one row per
+  mitigation decision, Greyhound §5.1, keyed by its deterministic ``advice_id``), ``whatif`` and
   ``diagnoses`` (the rest of diagnosis.md's shape), and the processor's ``processor_cuts``
   and ``processor_snapshots`` (:mod:`failslow.stream.state`);
 - large tables are partitioned by the UTC day of their event time and expire a fixed time
@@ -50,6 +51,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from failslow import events, results
+from failslow.detectors.planner import ADVICE_SCHEMA
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.stream.sink import (
     ANOMALY_SCHEMA,
@@ -182,6 +184,11 @@ TABLES: tuple[TableSpec, ...] = (
     TableSpec("anomalies", ANOMALY_SCHEMA, "ReplacingMergeTree(version)", ("job", "id"),
               "one row per anomaly report; the largest version of (job, id) wins",
               frozenset({"job", "kind", "cause", "comm_kind", "stage"})),
+    TableSpec("advice", ADVICE_SCHEMA, "ReplacingMergeTree(t_ns)", ("job", "advice_id"),
+              "mitigation advice (Greyhound ski-rental planner): one row per decision, "
+              "advice_id = anomaly/strategy/action",
+              frozenset({"job", "cause", "strategy", "action", "description"}),
+              codecs={"t_ns": "Delta, ZSTD(1)", "plan": "ZSTD(3)", "reason": "ZSTD(1)"}),
     TableSpec("whatif", WHATIF_SCHEMA, "ReplacingMergeTree(computed_ns)", ("job", "step"),
               "what-if results (diagnosis.md whatif) of the recent steps of a job",
               frozenset({"job"})),

@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow.stream.sink import ADVICE_TOPIC
 from failslow.stream.transport import (
     ANOMALIES_TOPIC,
     DEADLETTER_TOPIC,
@@ -58,7 +59,8 @@ from failslow.stream.transport import (
 log = logging.getLogger(__name__)
 
 #: Every topic the pipeline uses (created on connect).
-ALL_TOPICS: tuple[str, ...] = (*EVENT_TOPICS, ANOMALIES_TOPIC, DEADLETTER_TOPIC)
+ALL_TOPICS: tuple[str, ...] = (*EVENT_TOPICS, ANOMALIES_TOPIC, ADVICE_TOPIC,
+                               DEADLETTER_TOPIC)
 DEFAULT_GROUP = "failslow-processor"
 #: Largest message value published as one message; :meth:`KafkaTransport.publish` splits
 #: larger tables by rows. Below a broker's default ``message.max.bytes`` (1 MiB).
@@ -85,6 +87,7 @@ def has_fast_crc() -> bool:
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "events": {"retention.ms": str(3 * 24 * 3600 * 1000), "max.message.bytes": str(8 << 20)},
     ANOMALIES_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000)},
+    ADVICE_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000)},
     DEADLETTER_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000),
                        "max.message.bytes": str(8 << 20)},
 }

@@ -89,6 +89,10 @@ def render(stats: Any, transport_stats: Mapping[str, Any] | None = None,
     e.one("anomaly_reports_total", "counter", "Anomaly reports made.", stats.anomaly_reports)
     e.one("anomalies_published_total", "counter", "Anomaly reports published.",
           stats.anomalies_published)
+    e.one("advice_total", "counter", "Mitigation advice decided (planner, Greyhound §5.1).",
+          stats.advice)
+    e.one("advice_published_total", "counter", "Mitigation advice published.",
+          stats.advice_published)
     e.one("whatif_results_total", "counter", "What-if results written.", stats.whatif_results)
     e.one("checkpoints_total", "counter", "Checkpoints (sink write, then commit).",
           stats.checkpoints)

@@ -16,9 +16,11 @@ A single-threaded consume loop in the shape of a checkpointing stream processor:
 3. let time pass with ``on_tick(now)``: hangs show up as the absence of events;
 4. at each checkpoint: log the cut (the offset range of every topic and partition the
    checkpoint covers) in the state store, write the raw events, the derived ``rounds``,
-   ``iterations``, the anomaly reports, what-if results and ``diagnoses`` rows to the sink
-   (one write per partition, with a deduplication token derived from its cut), publish the
-   reports on ``failslow.anomalies`` and only then commit the input offsets (at-least-once);
+   ``iterations``, the anomaly reports, the mitigation advice (Greyhound §5.1: the job
+   analyzer's planner), what-if results and ``diagnoses`` rows to the sink (one write per
+   partition, with a deduplication token derived from its cut), publish the reports on
+   ``failslow.anomalies`` and the advice on ``failslow.advice``, and only then commit the
+   input offsets (at-least-once);
 5. every ``snapshot_interval_s`` (and when a partition is revoked, and at shutdown) save the
    detector state of each partition's jobs with the offsets it corresponds to.
 
@@ -63,10 +65,12 @@ import pyarrow.ipc as ipc
 
 from failslow import events, results
 from failslow.detectors.base import EventBatch
+from failslow.detectors.planner import Advice, advice_table
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import ContractError, JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN
 from failslow.stream.sink import (
+    ADVICE_TOPIC,
     AnomalyReport,
     Sink,
     SinkBackpressureError,
@@ -74,6 +78,7 @@ from failslow.stream.sink import (
     anomalies_table,
     concat,
     diagnoses_table,
+    encode_advice,
     select_schema,
     whatif_table,
 )
@@ -136,10 +141,12 @@ Clock = Callable[[], int]
 
 
 def default_analyzer(meta: JobMeta) -> Analyzer:
-    """A :class:`failslow.detectors.job.JobAnalyzer` for ``meta``."""
-    from failslow.detectors.job import JobAnalyzer
+    """A :class:`failslow.detectors.job.JobAnalyzer` for ``meta``; its mitigation planner's
+    action costs come from ``$FAILSLOW_PLANNER_COSTS`` (e.g. ``S2=5,S3=60,S4=1800``)."""
+    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.detectors.planner import PlannerConfig
 
-    analyzer: Analyzer = JobAnalyzer(meta)
+    analyzer: Analyzer = JobAnalyzer(meta, JobConfig(planner=PlannerConfig.from_env()))
     return analyzer
 
 
@@ -179,6 +186,8 @@ class ProcessorStats:
     errors: int = 0  # analyzer failures (the batch is skipped for detection, still stored)
     anomaly_reports: int = 0
     anomalies_published: int = 0
+    advice: int = 0  # mitigation advice made (planner decisions)
+    advice_published: int = 0
     whatif_results: int = 0
     checkpoints: int = 0
     sink_writes: int = 0
@@ -259,6 +268,7 @@ class _Part:
     rows: int = 0  # buffered output rows
     out: dict[str, list[pa.Table]] = field(default_factory=lambda: defaultdict(list))
     reports: list[AnomalyReport] = field(default_factory=list)
+    advice: list[Advice] = field(default_factory=list)
     whatif: list[tuple[str, int, int, dict[str, Any], int]] = field(default_factory=list)
     cuts: deque[Cut] = field(default_factory=deque)  # logged cuts to re-cut (recovery)
     done: set[int] = field(default_factory=set)  # seqs of logged cuts that were committed
@@ -268,7 +278,7 @@ class _Part:
     pending_bytes: int = 0
 
     def has_output(self) -> bool:
-        return bool(self.reports or self.whatif or any(self.out.values()))
+        return bool(self.reports or self.advice or self.whatif or any(self.out.values()))
 
 
 class StreamProcessor:
@@ -1042,6 +1052,10 @@ class StreamProcessor:
             part.reports.append(AnomalyReport(job, anomaly, state.version, now))
             self.stats.anomaly_reports += 1
             state.dirty = True
+        advice = None if isinstance(out, list) else getattr(out, "advice", None)
+        if advice:
+            part.advice.extend(advice)
+            self.stats.advice += len(advice)
 
     def _diagnosis_rows(self, parts: list[_Part]) -> None:
         numbers = {p.number for p in parts}
@@ -1071,6 +1085,8 @@ class StreamProcessor:
         reports = part.reports
         if reports:
             tables["anomalies"] = anomalies_table(reports)
+        if part.advice:
+            tables["advice"] = advice_table(part.advice)
         if part.whatif:
             tables["whatif"] = whatif_table(part.whatif)
         if self.sink is not None and tables:
@@ -1082,6 +1098,10 @@ class StreamProcessor:
                 value, headers = encode_anomaly(r.job, r.anomaly, r.version)
                 self.transport.produce(ANOMALIES_TOPIC, r.job, value, headers)
                 self.stats.anomalies_published += 1
+            for adv in part.advice:
+                value, headers = encode_advice(adv)
+                self.transport.produce(ADVICE_TOPIC, adv.job, value, headers)
+                self.stats.advice_published += 1
             self.stats.seconds["publish"] += time.perf_counter() - t0
         if tables:
             self.stats.last_checkpoint_ns = time.time_ns()
@@ -1092,6 +1112,7 @@ class StreamProcessor:
         self._uncommitted = max(0, self._uncommitted - part.messages)
         part.out = defaultdict(list)
         part.reports = []
+        part.advice = []
         part.whatif = []
         part.ranges = {}
         part.messages = 0
@@ -1107,7 +1128,8 @@ class StreamProcessor:
         digest = hashlib.sha1()
         for name in sorted(tables):
             table = tables[name]
-            keys = [c for c in ("job", "id", "version", "step", "computed_ns")
+            keys = [c for c in ("job", "id", "version", "step", "computed_ns", "advice_id",
+                                "t_ns")
                     if c in table.column_names]
             digest.update(name.encode())
             digest.update(json.dumps(table.select(keys).to_pylist(), default=str).encode())

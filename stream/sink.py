@@ -18,6 +18,11 @@ the same input after a restart gives a report the same version again.
 Two more records complete diagnosis.md's shape in the store: ``whatif`` (one row per
 what-if result of a job, diagnosis.md ``whatif``) and ``diagnoses`` (one row per job and
 checkpoint with the ``iterations`` summary; the latest version wins).
+
+Mitigation advice (Greyhound §5.1; :mod:`failslow.detectors.planner`) is an event too: one
+``advice`` row per decision (:data:`~failslow.detectors.planner.ADVICE_SCHEMA`, keyed by its
+deterministic ``advice_id`` = ``anomaly/strategy/action``), and one JSON message per decision
+on ``failslow.advice`` (:func:`encode_advice`), published with the anomaly reports.
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow.detectors.planner import ADVICE_VERSION, Advice
 from failslow.diagnosis import Anomaly
+
+#: Topic of the mitigation advice (one JSON ``mitigation_advice`` object per message).
+ADVICE_TOPIC = "failslow.advice"
 
 #: One row per anomaly report; ``version`` orders reports of the same (job, id).
 ANOMALY_SCHEMA = pa.schema([
@@ -143,6 +152,27 @@ def anomalies_from_table(table: pa.Table) -> list[tuple[str, Anomaly]]:
     return out
 
 
+def encode_advice(advice: Advice) -> tuple[bytes, dict[str, str]]:
+    """One advice as a JSON message value (``Advice.to_dict()``) and its headers (the same
+    header names as the anomaly reports: schema version, kind ``advice``, content type)."""
+    headers = {"failslow-schema-version": str(ADVICE_VERSION), "failslow-kind": "advice",
+               "content-type": "application/json"}
+    return advice.to_json().encode(), headers
+
+
+def decode_advice(value: bytes) -> Advice:
+    """Inverse of :func:`encode_advice`."""
+    body = json.loads(value)
+    if not isinstance(body, dict) or body.get("kind") != "mitigation_advice":
+        raise ValueError("not a mitigation_advice message")
+    return Advice.from_dict(body)
+
+
+def advice_from_table(table: pa.Table) -> list[Advice]:
+    """Advice rows (:data:`~failslow.detectors.planner.ADVICE_SCHEMA`) as objects."""
+    return [Advice.from_dict(row) for row in table.to_pylist()]
+
+
 def _float(x: float | None) -> float | None:
     return None if x is None else float(x)
 
@@ -158,7 +188,7 @@ def _json_default(value: Any) -> Any:
 @dataclass
 class SinkBatch:
     """What one checkpoint writes: tables by destination name (an event kind, ``rounds``,
-    ``iterations``, ``anomalies``, ``whatif`` or ``diagnoses``), each with that
+    ``iterations``, ``anomalies``, ``advice``, ``whatif`` or ``diagnoses``), each with that
     destination's schema, and a token that is the same when the same batch is offered
     again: the same input (consumer group, partition, offset ranges) gives the same token,
     also in a processor restarted after a crash, so a sink can drop a batch it already
@@ -219,6 +249,19 @@ class MemorySink(Sink):
             if key not in latest or v >= latest[key][0]:
                 latest[key] = (v, a)
         return {k: a for k, (_, a) in latest.items()}
+
+    def advice(self) -> list[Advice]:
+        """Every advice row written, once per ``(job, advice_id)`` (first write wins)."""
+        table = self.table("advice")
+        if table is None:
+            return []
+        seen: set[tuple[str, str]] = set()
+        out: list[Advice] = []
+        for a in advice_from_table(table):
+            if (a.job, a.advice_id) not in seen:
+                seen.add((a.job, a.advice_id))
+                out.append(a)
+        return out
 
 
 def select_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,15 @@ def _stored_anomalies(data_dir: Path, job: str) -> list[Anomaly]:
     sink = ClickHouseSink(ch.connect(data_dir), DEMO_DATABASE, create=False)
     try:
         return [a for _, a in sink.anomalies(job)]
+    finally:
+        sink.close()
+
+
+def _stored_advice(data_dir: Path, job: str) -> list[dict[str, Any]]:
+    """The demo's ``advice`` rows (ADVICE_SCHEMA), read back after the demo closed chDB."""
+    sink = ClickHouseSink(ch.connect(data_dir), DEMO_DATABASE, create=False)
+    try:
+        return sink.read("advice", job).to_pylist()
     finally:
         sink.close()
 
@@ -69,6 +79,7 @@ def test_demo_pipeline_with_a_stub_simulator(tmp_path: Path, monkeypatch: pytest
     assert [(a.id, a.ranks) for a in stored] == [("slow-6", [6])]  # once, not twice
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "slow-6" in html
+    assert "0 advice rows" in out  # the fake analyzer has no planner
 
 
 def _real_pipeline_available() -> str | None:
@@ -106,4 +117,16 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert f"found {len(matches)} of {len(matches)} injected faults" in out
     html = (tmp_path / "report.html").read_text()
     assert all(a.id in html for a in stored)
+    # the planner's advice is stored next to the anomalies (issue 9): the compute straggler
+    # gets S2 (re-balanced micro-batches, fewer for rank 21's DP group) and its revert
+    advice = {r["advice_id"]: r for r in _stored_advice(tmp_path, sim.meta.job)}
+    assert "Mitigation advice" in out and f"{len(advice)} advice rows" in out
+    compute = next(a for a in stored if a.cause == "compute")
+    s2 = advice.get(f"{compute.id}/S2/apply")
+    assert s2 is not None, f"no S2 advice stored: {sorted(advice)}"
+    assert f"{compute.id}/S2/revert" in advice
+    assert s2["impact_s"] >= s2["cost_s"] and s2["t_ns"] >= (compute.start_ns or 0)
+    m = json.loads(s2["plan"])["m"]
+    dp_of_21 = (21 // sim.meta.tp) % sim.meta.dp
+    assert sum(m) == sim.meta.microbatches * sim.meta.dp and m[dp_of_21] < max(m)
     assert elapsed < 60, f"demo took {elapsed:.0f} s"

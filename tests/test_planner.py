@@ -175,3 +175,58 @@ def test_snapshot_keeps_skips_and_plans() -> None:
     b.restore(json.loads(json.dumps(a.snapshot())))
     assert b.update(iterations(15 * S, [2.0] * 3), []) == []    # S2 not asked again
     assert np.isclose(b.snapshot()["open"]["a1"]["impact_s"], 5.0)
+
+
+def test_costs_from_the_environment_and_their_errors() -> None:
+    from failslow.detectors.planner import COSTS_ENV
+
+    config = PlannerConfig.from_env({COSTS_ENV: "s2=0.5, S4=120"})
+    assert config.cost_s == {"S2": 0.5, "S3": 60.0, "S4": 120.0}  # S3 keeps its default
+    assert PlannerConfig.from_env({}).cost_s == PlannerConfig().cost_s
+    for bad in ("S5=1", "S2", "S2=-1", "S2=fast"):
+        with pytest.raises(ValueError):
+            PlannerConfig.parse_costs(bad)
+
+
+def test_anomaly_plans_say_why_when_the_job_description_does_not_allow_one() -> None:
+    from failslow.events import JobMeta
+
+    meta = JobMeta(job="j", t=0, world_size=8, tp=1, pp=2, dp=4, cp=1, microbatches=0,
+                   schedule="unknown", nodes={r: f"n{r // 4}" for r in range(8)}, comms=())
+    plan = AnomalyPlans(meta).plan("S2", slow("compute", 0))
+    assert plan is not None and not plan["feasible"] and "micro-batch" in plan["reason"]
+    # the ladder then skips S2 and moves on at S3's cost
+    planner = MitigationPlanner("j", PlannerConfig(cost_s={"S2": 1.0, "S3": 2.0, "S4": 99.0}),
+                                plans=AnomalyPlans(meta))
+    planner.update(iterations(0, [1.0] * 10), [])
+    advice = planner.update(iterations(10 * S, [2.0] * 3), [slow("compute", 10 * S)])
+    assert [(a.strategy, a.action) for a in advice][:1] == [("S2", "skip")]
+
+
+def test_job_analyzer_runs_the_planner_and_snapshots_it() -> None:
+    """Where the anomalies are produced (the job analyzer of the stream processor and of
+    ``failslow analyze``), the planner follows them; its state is in the snapshot."""
+    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.replay import replay
+    from failslow.simulator import scenario_from_dict, simulate
+
+    sc = scenario_from_dict({"job": "jp", "parallel": {"tp": 1, "pp": 2, "dp": 4, "cp": 1},
+                             "microbatches": 4, "iterations": 40,
+                             "faults": [{"cause": "compute", "ranks": [5], "start": 8,
+                                         "duration": 20, "severity": 2.0}]}, "t")
+    res = simulate(sc, 0)
+    config = JobConfig(planner=PlannerConfig(cost_s={"S2": 0.1, "S3": 100.0, "S4": 1e4}))
+    whole, first = JobAnalyzer(res.meta, config), JobAnalyzer(res.meta, config)
+    windows = list(replay(res.tables))
+    got_whole: list[Advice] = []
+    got_split: list[Advice] = []
+    for i, (now, batch) in enumerate(windows):
+        got_whole += whole.update(batch).advice + whole.on_tick(now).advice
+        if i == len(windows) // 2:  # restart half-way, from a JSON snapshot
+            second = JobAnalyzer(res.meta, config)
+            second.restore(json.loads(json.dumps(first.snapshot())))
+            first = second
+        got_split += first.update(batch).advice + first.on_tick(now).advice
+    assert [(a.strategy, a.action) for a in got_whole] == [("S2", "apply"), ("S2", "revert")]
+    assert [a.to_dict() for a in got_split] == [a.to_dict() for a in got_whole]
+    assert JobAnalyzer(res.meta, JobConfig(planner=None)).planner is None

@@ -13,6 +13,7 @@ import pytest
 import stream_synth as synth
 
 from failslow import events, results
+from failslow.detectors.planner import ADVICE_SCHEMA
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 from failslow.stream import clickhouse as ch
@@ -50,7 +51,7 @@ def test_schema_module_cli_writes_the_same_text(tmp_path: Path) -> None:
 def test_ddl_covers_every_contract_column_with_the_right_types() -> None:
     statements = {s.split("`.`")[1].split("`")[0]: s for s in ch.ddl("db")[1:]}
     assert set(statements) == set(events.KINDS) | set(results.SCHEMAS) | {
-        "anomalies", "whatif", "diagnoses", "processor_cuts", "processor_snapshots"}
+        "anomalies", "advice", "whatif", "diagnoses", "processor_cuts", "processor_snapshots"}
     for kind, schema in [*events.SCHEMAS.items(), *results.SCHEMAS.items()]:
         for f in schema:
             assert f"`{f.name}`" in statements[kind], (kind, f.name)
@@ -66,6 +67,9 @@ def test_ddl_covers_every_contract_column_with_the_right_types() -> None:
     assert "ORDER BY (job, id)" in statements["anomalies"]
     assert "LowCardinality(Nullable(String))" in statements["anomalies"]  # stage
     assert "ENGINE = ReplacingMergeTree(t)" in statements["meta"]
+    for f in ADVICE_SCHEMA:  # the planner's advice rows, keyed by their deterministic id
+        assert f"`{f.name}`" in statements["advice"], f.name
+    assert "ORDER BY (job, advice_id)" in statements["advice"]
     with pytest.raises(ValueError):
         ch.ddl("bad name; DROP")
 

@@ -200,6 +200,33 @@ ORDER BY (job, id)
 SETTINGS non_replicated_deduplication_window = 10000
 COMMENT 'one row per anomaly report; the largest version of (job, id) wins';
 
+CREATE TABLE IF NOT EXISTS `failslow`.`advice`
+(
+    `version`         Int16 CODEC(Delta, ZSTD(1)),
+    `advice_id`       String,
+    `job`             LowCardinality(String),
+    `anomaly_id`      String,
+    `cause`           LowCardinality(String),
+    `ranks`           Array(Nullable(Int64)),
+    `link`            Array(Nullable(Int64)),
+    `strategy`        LowCardinality(String),
+    `action`          LowCardinality(String),
+    `t_ns`            Int64 CODEC(Delta, ZSTD(1)),
+    `impact_s`        Float64 CODEC(ZSTD(1)),
+    `cost_s`          Float64 CODEC(ZSTD(1)),
+    `slow_iterations` Int64,
+    `t_slow_s`        Nullable(Float64) CODEC(ZSTD(1)),
+    `t_healthy_s`     Nullable(Float64) CODEC(ZSTD(1)),
+    `description`     LowCardinality(String),
+    `reason`          String CODEC(ZSTD(1)),
+    `plan`            Nullable(String) CODEC(ZSTD(3)),
+    `ingested_at`     DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree(t_ns)
+ORDER BY (job, advice_id)
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'mitigation advice (Greyhound ski-rental planner): one row per decision, advice_id = anomaly/strategy/action';
+
 CREATE TABLE IF NOT EXISTS `failslow`.`whatif`
 (
     `job`         LowCardinality(String),
