@@ -141,6 +141,10 @@ def add_parser(subparsers: Any) -> None:
                          "%(default)s)")
     pr.add_argument("--stats-json", type=Path, default=None, metavar="FILE",
                     help="write the processor's counters to FILE at exit")
+    pr.add_argument("--planner-costs", default=None, metavar="S2=SECONDS,S3=...,S4=...",
+                    help="mitigation planner action costs in seconds of lost training time "
+                         "(Greyhound ski-rental; env FAILSLOW_PLANNER_COSTS; default: the "
+                         "planner's defaults)")
     _common(pr)
     pr.set_defaults(func=cmd_process)
 
@@ -161,6 +165,15 @@ def add_parser(subparsers: Any) -> None:
     qj.add_argument("--json", action="store_true", help="print a JSON array")
     _common(qj)
     qj.set_defaults(func=cmd_query_jobs)
+    qv = qs.add_parser("advice", help="a job's mitigation advice as stored",
+                       description="Print the mitigation advice (apply, revert, skip of S2 "
+                                   "micro-batch re-balancing, S3 topology change, S4 "
+                                   "checkpoint-and-restart) the planner gave for a job.")
+    qv.add_argument("--job", required=True, help="the job id")
+    qv.add_argument("--json", action="store_true",
+                    help="print one advice object per line (the failslow.advice topic's shape)")
+    _common(qv)
+    qv.set_defaults(func=cmd_query_advice)
 
 
 def _float_or_none(value: str | None) -> float | None:
@@ -296,6 +309,15 @@ def cmd_process(args: argparse.Namespace) -> int:
 
     logging.getLogger("failslow").setLevel(min(logging.INFO,
                                                logging.getLogger().getEffectiveLevel()))
+    if args.planner_costs:
+        from failslow.detectors.planner import COSTS_ENV, PlannerConfig
+
+        try:
+            PlannerConfig.parse_costs(args.planner_costs)
+        except ValueError as e:
+            print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
+            return 2
+        os.environ[COSTS_ENV] = args.planner_costs  # read per job by default_analyzer
     data_dir = _data_dir(args)
     url = args.clickhouse or None
     where = url or str(data_dir / "clickhouse")
@@ -440,6 +462,44 @@ def cmd_query_anomalies(args: argparse.Namespace) -> int:
                       "-" if a.link is None else "-".join(map(str, a.link)), a.stage or "-",
                       rel(a.start_ns), rel(a.detected_ns), rel(a.end_ns),
                       "-" if a.slowdown is None else f"{a.slowdown:.3f}")
+    console.print(table)
+    return 0
+
+
+def cmd_query_advice(args: argparse.Namespace) -> int:
+    from failslow.detectors.planner import Advice
+
+    sink = _sink(args)
+    try:
+        known = args.job in sink.jobs()
+        rows = sink.read("advice", args.job, final=True).to_pylist()
+    finally:
+        sink.close()
+    if not known:
+        print(f"failslow query: no job {args.job!r} in the store", file=sys.stderr)
+        return 1
+    advice = sorted((Advice.from_dict(r) for r in rows), key=lambda a: (a.t_ns, a.advice_id))
+    if args.json:
+        for a in advice:
+            sys.stdout.write(a.to_json() + "\n")
+        return 0
+    if not advice:
+        print("no advice stored")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 150)
+    t0 = advice[0].t_ns
+    table = Table(title=f"job {args.job}: mitigation advice (times in s after the first)")
+    for col in ("time", "anomaly", "strategy", "action", "impact (s)", "cost (s)",
+                "description"):
+        table.add_column(col)
+    for a in advice:
+        table.add_row(f"{(a.t_ns - t0) / 1e9:.3f}", a.anomaly_id, a.strategy, a.action,
+                      f"{a.impact_s:.2f}", f"{a.cost_s:.2f}", a.description)
     console.print(table)
     return 0
 

@@ -109,6 +109,41 @@ def test_query_prints_the_stored_diagnosis(tmp_path: Path,
     assert args.func(args) == 0 and json.loads(capsys.readouterr().out) == ["synth-1"]
 
 
+def test_query_prints_the_stored_advice(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from failslow.detectors.planner import Advice, advice_table
+
+    _store_job(tmp_path)
+    apply = Advice(job="synth-1", anomaly_id="slow-6", strategy="S2", action="apply",
+                   t_ns=25, impact_s=6.0, cost_s=5.0, description="re-balance micro-batches",
+                   cause="compute", ranks=[6], plan={"m": [7, 9]})
+    revert = Advice(**{**apply.__dict__, "action": "revert", "t_ns": 31})
+    sink = ch.ClickHouseSink(ch.connect(tmp_path))
+    try:  # the same decision written twice (a replay) is stored once
+        for token in ("a", "b"):
+            sink.write(SinkBatch({"advice": advice_table([revert, apply])}, token=token))
+    finally:
+        sink.close()
+    args = _parse(["query", "advice", "--job", "synth-1", "--json", "--data-dir",
+                   str(tmp_path)])
+    assert args.func(args) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["strategy"], r["action"], r["t_ns"]) for r in rows] == [("S2", "apply", 25),
+                                                                       ("S2", "revert", 31)]
+    assert rows[0]["plan"] == {"m": [7, 9]} and rows[0]["ranks"] == [6]
+    args = _parse(["query", "advice", "--job", "synth-1", "--data-dir", str(tmp_path)])
+    assert args.func(args) == 0 and "revert" in capsys.readouterr().out
+    args = _parse(["query", "advice", "--job", "nope", "--data-dir", str(tmp_path)])
+    assert args.func(args) == 1
+
+
+def test_process_rejects_malformed_planner_costs(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(["process", "--planner-costs", "S2=five", "--data-dir", str(tmp_path)])
+    assert args.func(args) == 2
+    assert "S2=five" in capsys.readouterr().err
+
+
 def test_state_store_in_clickhouse_round_trips(tmp_path: Path) -> None:
     store = ch.Store(ch.connect(tmp_path))
     try:
