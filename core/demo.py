@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from failslow.simulator import load_scenario, simulate
     from failslow.stream import processor as processor_module
-    from failslow.stream.processor import StreamProcessor
+    from failslow.stream.processor import StreamProcessor, default_whatif
     from failslow.stream.transport import InProcessTransport
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         transport = InProcessTransport(keep_committed=False)
         processor = StreamProcessor(transport, sink, clock="event",
                                     analyzer_factory=_demo_analyzer(processor_module),
+                                    whatif_factory=default_whatif,
                                     checkpoint_messages=1 << 30,
                                     checkpoint_interval_s=math.inf)
         windows = list(replay(sim.tables, DEFAULT_WINDOW_NS))

@@ -5,8 +5,9 @@ From a trace directory the job is diagnosed here (the same replay and detectors 
 analyze``); with ``--job`` everything is read from ClickHouse (embedded chDB under
 ``--data-dir`` or a server at ``--clickhouse-url``), as the stream processor stored it.
 The page holds the iteration timeline with anomaly bands, the DP x PP heatmap, the anomaly
-table, the critical path of a slow iteration (:mod:`failslow.dashboards.critical_path`) and
-the what-if breakdown (:mod:`failslow.detectors.whatif`, when available).
+table, the critical path of a slow iteration (:mod:`failslow.dashboards.critical_path`), the
+what-if breakdown (:mod:`failslow.detectors.whatif`, when available) and the mitigation
+planner's advice (Greyhound §5.1, :mod:`failslow.detectors.planner`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class JobData:
     window: Any = None
     whatif_reason: str = ""
     notes: list[str] = field(default_factory=list)
+    #: the mitigation planner's decisions (``Advice.to_dict()`` shape), in decision order
+    advice: list[dict[str, Any]] = field(default_factory=list)
+    advice_reason: str = ""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -88,15 +92,22 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
     analyzer = JobAnalyzer(meta)
     rounds, iterations = [], []
+    advice: list[dict[str, Any]] = []
     now = None
     for now, batch in replay(tables, DEFAULT_WINDOW_NS):
         for out in (analyzer.update(batch), analyzer.on_tick(now)):
             rounds.append(out.rounds)
             iterations.append(out.iterations)
+            advice.extend(a.to_dict() for a in getattr(out, "advice", None) or [])
     if is_post_mortem(path) and now is not None:
         analyzer.on_tick(now + HangConfig().ceiling_ns + 1_000_000_000)
     diagnosis = analyzer.diagnosis()
     data = JobData(meta, diagnosis, _concat(iterations, "iterations"), _concat(rounds, "rounds"))
+    data.advice = advice
+    if not advice:
+        data.advice_reason = ("the planner decided nothing: no slow-down's impact reached a "
+                              "strategy's cost" if getattr(analyzer, "planner", None)
+                              else "no mitigation planner")
     truth_file = Path(path) / "truth.json"
     if truth_file.exists():
         data.truth = Diagnosis.load(truth_file)
@@ -168,6 +179,8 @@ def from_clickhouse(job: str, data_dir: Path | None, url: str | None,
         except Exception as e:  # noqa: BLE001 - an older schema without the table
             data.whatif_reason = f"no what-if table ({str(e).splitlines()[0][:120]})"
 
+        data.advice, data.advice_reason = _stored_advice(client, database, job)
+
         def window(t0: int, t1: int) -> tuple[pa.Table | None, pa.Table | None]:
             params = {"job": job, "t0": t0, "t1": t1}
             coll = client.query_arrow(
@@ -185,6 +198,21 @@ def from_clickhouse(job: str, data_dir: Path | None, url: str | None,
     except BaseException:
         client.close()
         raise
+
+
+def _stored_advice(client: Any, database: str, job: str) -> tuple[list[dict[str, Any]], str]:
+    """The job's rows of the ``advice`` table (plan JSON parsed), in decision order."""
+    try:
+        table = client.query_arrow(
+            f"SELECT * EXCEPT (ingested_at) FROM `{database}`.advice FINAL "
+            "WHERE job = {job:String} ORDER BY t_ns, advice_id", parameters={"job": job})
+    except Exception as e:  # noqa: BLE001 - an older schema without the table
+        return [], f"no advice table ({str(e).splitlines()[0][:120]})"
+    rows = _plain(table).to_pylist()
+    for r in rows:
+        if isinstance(r.get("plan"), str):
+            r["plan"] = json.loads(r["plan"])
+    return rows, "" if rows else "the planner stored no advice for this job"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,11 +253,13 @@ def build(data: JobData, out: Path, perfetto: Path | None = None) -> dict[str, A
         write_report(out, data.meta, data.diagnosis, data.iterations, data.rounds,
                      truth=data.truth, critical_path=path, critical_iteration=iteration,
                      critical_reason=reason, whatif_images=images,
-                     whatif_reason=data.whatif_reason, sections=True)
+                     whatif_reason=data.whatif_reason, advice=data.advice,
+                     advice_reason=data.advice_reason, sections=True)
     done: dict[str, Any] = {"report": str(out), "anomalies": len(anomalies),
                             "critical_iteration": iteration,
                             "critical_segments": len(path or []),
-                            "whatif": data.diagnosis.whatif is not None}
+                            "whatif": data.diagnosis.whatif is not None,
+                            "advice": len(data.advice)}
     if perfetto is not None:
         if window is None or coll is None:
             raise ValueError(f"cannot export a Perfetto trace: {reason}")

@@ -5,6 +5,9 @@ providers and the alert rules, written as the provisioning tree under ``infra/gr
 
     python -m failslow.dashboards.grafana --write infra/grafana   # regenerate
     python -m failslow.dashboards.grafana --check infra/grafana   # exit 1 when stale
+    python -m failslow.dashboards.grafana --verify http://127.0.0.1:3000 [--log FILE]
+        # a running Grafana (docker compose up) has all of it; user and password from
+        # GRAFANA_USER / GRAFANA_ADMIN_PASSWORD (default admin / admin)
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +24,7 @@ from typing import Any, cast
 
 import yaml
 from grafana_foundation_sdk.builders import dashboard as gdb
-from grafana_foundation_sdk.builders import heatmap, stat, table, text, timeseries
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, text, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -31,7 +36,11 @@ from grafana_foundation_sdk.models import text as text_models
 from failslow.dashboards.panels import (
     DATASOURCE_UID,
     DEFAULT_DATABASE,
+    METRICS_PORT,
     PLUGIN,
+    PROCESSOR_JOB,
+    PROMETHEUS_PLUGIN,
+    PROMETHEUS_UID,
     TABLE,
     TIMESERIES,
     AnnotationDef,
@@ -40,9 +49,16 @@ from failslow.dashboards.panels import (
     VariableDef,
     alert_defs,
     dashboards,
+    prometheus_alert_defs,
 )
 
 DATASOURCE = gdm.DataSourceRef(type_val=PLUGIN, uid=DATASOURCE_UID)
+PROMETHEUS = gdm.DataSourceRef(type_val=PROMETHEUS_PLUGIN, uid=PROMETHEUS_UID)
+#: Prometheus shares the processor's network namespace in docker-compose.yml (the metrics
+#: endpoint listens on 127.0.0.1 only), so Grafana reaches it at the processor's name.
+PROMETHEUS_URL = "http://processor:9090"
+#: How often Prometheus scrapes the processor.
+SCRAPE_INTERVAL = "15s"
 FOLDER = "failslow"
 TAG = "failslow"
 
@@ -92,6 +108,12 @@ def _variable(v: VariableDef) -> gdb.QueryVariable:
     return var
 
 
+def _prometheus_targets(p: PanelDef) -> list[prometheus.Dataquery]:
+    return [prometheus.Dataquery().ref_id(chr(ord("A") + i)).expr(expr)
+            .legend_format(legend).range().datasource(PROMETHEUS)
+            for i, (expr, legend) in enumerate(p.promql)]
+
+
 def _panel(p: PanelDef) -> cogbuilder.Builder[gdm.Panel]:
     target = ClickHouseQueryBuilder(p.sql, p.fmt)
     builder: Any
@@ -115,8 +137,13 @@ def _panel(p: PanelDef) -> cogbuilder.Builder[gdm.Panel]:
                 .height(p.height).span(p.width))
     else:
         raise ValueError(f"unknown panel kind {p.kind!r}")
-    builder = (builder.title(p.title).description(p.description).datasource(DATASOURCE)
-               .with_target(target).height(p.height).span(p.width))
+    builder = builder.title(p.title).description(p.description).height(p.height).span(p.width)
+    if p.promql:
+        builder = builder.datasource(PROMETHEUS)
+        for t in _prometheus_targets(p):
+            builder = builder.with_target(t)
+    else:
+        builder = builder.datasource(DATASOURCE).with_target(target)
     if p.unit:
         builder = builder.unit(p.unit)
     if p.thresholds:
@@ -181,7 +208,8 @@ def dump_json(obj: Any) -> str:
 
 
 def datasource_provisioning() -> dict[str, Any]:
-    """The ClickHouse datasource; host, user and password come from Grafana's environment."""
+    """The ClickHouse datasource (host, user and password from Grafana's environment) and
+    the Prometheus that scrapes the processor (its URL from the environment too)."""
     return {
         "apiVersion": 1,
         "datasources": [{
@@ -199,6 +227,29 @@ def datasource_provisioning() -> dict[str, Any]:
                 "defaultDatabase": DEFAULT_DATABASE,
             },
             "secureJsonData": {"password": "${FAILSLOW_CLICKHOUSE_PASSWORD}"},
+        }, {
+            "name": "failslow Prometheus",
+            "uid": PROMETHEUS_UID,
+            "type": PROMETHEUS_PLUGIN,
+            "access": "proxy",
+            "url": "${FAILSLOW_PROMETHEUS_URL}",
+            "isDefault": False,
+            "editable": False,
+            "jsonData": {"httpMethod": "POST", "timeInterval": SCRAPE_INTERVAL},
+        }],
+    }
+
+
+def prometheus_config(targets: Sequence[str] = (f"127.0.0.1:{METRICS_PORT}",),
+                      scrape_interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:
+    """Prometheus' configuration: scrape the processor's ``/metrics``
+    (:mod:`failslow.stream.metrics`) as job ``failslow-processor``."""
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [{
+            "job_name": PROCESSOR_JOB,
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": list(targets)}],
         }],
     }
 
@@ -220,7 +271,9 @@ def dashboard_provisioning() -> dict[str, Any]:
 
 
 def alert_provisioning(database: str = DEFAULT_DATABASE) -> dict[str, Any]:
-    """Grafana's file-provisioning format for alert rules."""
+    """Grafana's file-provisioning format for alert rules: the ClickHouse ones
+    (:func:`~failslow.dashboards.panels.alert_defs`) and the pipeline's on Prometheus
+    (:func:`~failslow.dashboards.panels.prometheus_alert_defs`)."""
     rules = []
     for a in alert_defs(database):
         query = ClickHouseQuery("A", a.sql, TABLE).to_json()
@@ -245,6 +298,30 @@ def alert_provisioning(database: str = DEFAULT_DATABASE) -> dict[str, Any]:
             "labels": {"severity": a.severity, "source": "failslow", **a.labels},
             "isPaused": False,
         })
+    for p in prometheus_alert_defs():
+        rules.append({
+            "uid": p.uid,
+            "title": p.title,
+            "condition": "B",
+            "data": [
+                {"refId": "A", "relativeTimeRange": {"from": 600, "to": 0},
+                 "datasourceUid": PROMETHEUS_UID,
+                 "model": {"refId": "A", "expr": p.expr, "instant": True, "range": False,
+                           "datasource": {"type": PROMETHEUS_PLUGIN, "uid": PROMETHEUS_UID}}},
+                {"refId": "B", "relativeTimeRange": {"from": 0, "to": 0},
+                 "datasourceUid": "__expr__",
+                 "model": {"refId": "B", "type": "threshold", "expression": "A",
+                           "datasource": {"type": "__expr__", "uid": "__expr__"},
+                           "conditions": [{"evaluator": {"type": "gt",
+                                                         "params": [p.threshold]}}]}},
+            ],
+            "noDataState": "OK",
+            "execErrState": "Error",
+            "for": p.for_,
+            "annotations": {"summary": p.summary},
+            "labels": {"severity": p.severity, "source": "failslow", "component": "pipeline"},
+            "isPaused": False,
+        })
     return {"apiVersion": 1, "groups": [{"orgId": 1, "name": "failslow", "folder": FOLDER,
                                          "interval": "1m", "rules": rules}]}
 
@@ -262,6 +339,7 @@ def files() -> dict[str, str]:
     out["provisioning/datasources/failslow.yaml"] = _yaml(datasource_provisioning(), GENERATED)
     out["provisioning/dashboards/failslow.yaml"] = _yaml(dashboard_provisioning(), GENERATED)
     out["provisioning/alerting/failslow.yaml"] = _yaml(alert_provisioning(), GENERATED)
+    out["prometheus/prometheus.yml"] = _yaml(prometheus_config(), GENERATED)
     return out
 
 
@@ -288,6 +366,77 @@ def write(root: str | Path) -> list[Path]:
     return written
 
 
+# ---------------------------------------------------------------------------------------------
+# a running Grafana, provisioned from infra/grafana (docker compose up)
+
+#: Grafana log lines that mean provisioning went wrong (logfmt: ``level=error`` from a
+#: provisioning, plugin or alerting logger, or a failed provisioning step at any level).
+_LOG_PROBLEM = re.compile(
+    r"(level=(error|crit)\b.*logger=(provisioning|plugin|ngalert|datasources)"
+    r"|logger=(provisioning|plugin|ngalert|datasources)\S*.*level=(error|crit)\b"
+    r"|failed to provision|[Ff]ailed to load.*provisioning)")
+
+
+def log_problems(log_text: str) -> list[str]:
+    """The lines of a Grafana server log that report a provisioning, plugin or alerting
+    error."""
+    return [line.strip() for line in log_text.splitlines() if _LOG_PROBLEM.search(line)]
+
+
+def verify_live(api: Any, root: str | Path, log_text: str | None = None) -> list[str]:
+    """What a running Grafana (``api``: a ``grafana_client.GrafanaApi``) lacks of the
+    provisioning tree under ``root``: every dashboard provisioned into the folder with its
+    panels and variables, both datasources, every alert rule loaded; and, given the server's
+    log, no provisioning errors. Empty: all there."""
+    problems: list[str] = []
+    root = Path(root)
+    for path in sorted((root / "dashboards").glob("*.json")):
+        want = json.loads(path.read_text())
+        try:
+            got = api.dashboard.get_dashboard(want["uid"])
+        except Exception as e:  # noqa: BLE001 - report, go on with the next one
+            problems.append(f"dashboard {want['uid']}: not found ({e})")
+            continue
+        meta, dash = got.get("meta", {}), got.get("dashboard", {})
+        if not meta.get("provisioned"):
+            problems.append(f"dashboard {want['uid']}: not provisioned from a file")
+        if meta.get("folderTitle") != FOLDER:
+            problems.append(f"dashboard {want['uid']}: in folder {meta.get('folderTitle')!r}, "
+                            f"not {FOLDER!r}")
+        titles = [p.get("title") for p in dash.get("panels", [])]
+        expected = [p["title"] for p in want.get("panels", [])]
+        if titles != expected:
+            missing = sorted(set(expected) - set(titles))
+            problems.append(f"dashboard {want['uid']}: panels differ"
+                            + (f" (missing {missing})" if missing else ""))
+        names = [v.get("name") for v in dash.get("templating", {}).get("list", [])]
+        if names != [v["name"] for v in want.get("templating", {}).get("list", [])]:
+            problems.append(f"dashboard {want['uid']}: template variables {names}")
+    doc = yaml.safe_load((root / "provisioning/datasources/failslow.yaml").read_text())
+    have = {d.get("uid"): d for d in api.datasource.list_datasources()}
+    for ds in doc["datasources"]:
+        got_ds = have.get(ds["uid"])
+        if got_ds is None:
+            problems.append(f"datasource {ds['uid']}: missing")
+        elif got_ds.get("type") != ds["type"]:
+            problems.append(f"datasource {ds['uid']}: type {got_ds.get('type')!r}, "
+                            f"not {ds['type']!r}")
+    doc = yaml.safe_load((root / "provisioning/alerting/failslow.yaml").read_text())
+    rules = {r.get("uid"): r for r in api.alertingprovisioning.get_alertrules_all()}
+    for group in doc["groups"]:
+        for r in group["rules"]:
+            got_rule = rules.get(r["uid"])
+            if got_rule is None:
+                problems.append(f"alert rule {r['uid']}: not loaded")
+            elif got_rule.get("ruleGroup") != group["name"] or \
+                    got_rule.get("condition") != r["condition"]:
+                problems.append(f"alert rule {r['uid']}: group {got_rule.get('ruleGroup')!r}"
+                                f", condition {got_rule.get('condition')!r}")
+    if log_text is not None:
+        problems += [f"log: {line}" for line in log_problems(log_text)]
+    return problems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m failslow.dashboards.grafana",
@@ -298,7 +447,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                       "(infra/grafana)")
     group.add_argument("--check", metavar="DIR", help="exit 1 when DIR's files differ from "
                                                       "what would be generated")
+    group.add_argument("--verify", metavar="URL",
+                       help="exit 1 when the Grafana at URL lacks a provisioned dashboard, "
+                            "panel, datasource or alert rule (user and password from "
+                            "GRAFANA_USER and GRAFANA_ADMIN_PASSWORD)")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1] / "infra"
+                                              / "grafana"),
+                        help="the provisioning tree to verify against (default: the "
+                             "repository's infra/grafana)")
+    parser.add_argument("--log", metavar="FILE", help="with --verify: Grafana's log, checked "
+                                                      "for provisioning errors")
     args = parser.parse_args(argv)
+    if args.verify:
+        from grafana_client import GrafanaApi
+
+        api = GrafanaApi.from_url(args.verify, credential=(
+            os.environ.get("GRAFANA_USER", "admin"),
+            os.environ.get("GRAFANA_ADMIN_PASSWORD", "admin")))
+        log_text = Path(args.log).read_text(errors="replace") if args.log else None
+        problems = verify_live(api, args.root, log_text)
+        for problem in problems:
+            print(problem)
+        if not problems:
+            print(f"{args.verify}: every dashboard, datasource and alert rule of {args.root} "
+                  "is provisioned")
+        return 1 if problems else 0
     if args.write:
         for path in write(args.write):
             print(path)

@@ -13,17 +13,19 @@ as the simulator and Megatron-LM lay them out.
 What the dashboards show, and where it comes from in the papers:
 
 * fleet overview: jobs, open anomalies and the time they cost (:mod:`.severity`);
-* job detail: iteration time (MEGATRACE's per-step time) with the anomaly bands and change
-  points, CCL-D's slowdown ratio R and compute share P, round times per communicator;
+* job detail: iteration time (MEGATRACE's per-step time) with the anomaly bands, change
+  points and mitigation advice (Greyhound §5), CCL-D's slowdown ratio R and compute share P,
+  round times per communicator, the what-if attribution per op type and worker (SMon);
 * rank heatmap: SMon's DP x PP view (what-if paper §8) of the wait each rank imposes on its
   peers (the last rank to enter a collective holds the others up, CCL-D), of compute
-  slowdown from spans, and the per-step heatmap;
+  slowdown from spans and of the what-if attribution, and the per-step heatmaps;
 * hangs: the halt point (CCL-D's H1-H3), operations in flight and their progress counters;
 * links: bandwidth and in-flight work requests per NIC (the RDMA counters of events.md);
 * GPUs: clocks, temperature, power and NVML throttle reasons;
-* pipeline health: rows per second per table, data lag, detection delay, storage. The
-  processor's own counters (consumer lag, dead letters) are not stored in ClickHouse, so the
-  panel says where to find them instead of inventing a number.
+* pipeline health: from ClickHouse, rows per second per table, data lag, detection delay,
+  storage; from Prometheus (which scrapes the processor's ``/metrics``,
+  :mod:`failslow.stream.metrics`), consumer lag, decoded rows per second by kind, errors,
+  dead letters and dropped messages.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ from failslow.dashboards.severity import sql_lost_fraction, sql_severity
 PLUGIN = "grafana-clickhouse-datasource"
 DATASOURCE_UID = "failslow-clickhouse"
 DEFAULT_DATABASE = "failslow"
+#: Prometheus, which scrapes the stream processor's metrics (``failslow process``).
+PROMETHEUS_PLUGIN = "prometheus"
+PROMETHEUS_UID = "failslow-prometheus"
+#: The scrape job of the processor (``job`` label of its series).
+PROCESSOR_JOB = "failslow-processor"
+#: Where ``failslow process`` serves its metrics by default (127.0.0.1 only).
+METRICS_PORT = 9464
 
 #: Query formats of the plugin (sqlutil FormatQueryOption).
 TIMESERIES, TABLE = 0, 1
@@ -160,6 +169,8 @@ class PanelDef:
     matrix: tuple[str, str, str] | None = None
     links: tuple[tuple[str, str], ...] = ()  # (field, url) data links
     thresholds: tuple[tuple[str, float | None], ...] = ()
+    #: PromQL targets (expression, legend) of the Prometheus datasource instead of ``sql``
+    promql: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,6 +306,13 @@ LIMIT 500"""
                      "Every anomaly overlapping the range, open ones first; severity as the "
                      "notifier pages it.", width=24, height=10,
                      links=(("job", job_link()),)),
+            PanelDef("Mitigation advice", "table", fleet_advice_sql(),
+                     ("job", "anomaly_id", "cause", "strategy", "last_action", "description",
+                      "decided", "impact_s", "cost_s", "decisions"),
+                     "The planner's latest decision per anomaly (Greyhound §5.1): apply = "
+                     "the strategy should be in effect now, revert = undo it (the anomaly "
+                     "ended), skip = not applicable to this job.", width=24, height=6,
+                     links=(("job", job_link()),)),
             PanelDef("Iteration time by job", "timeseries",
                      f"SELECT $__timeInterval({ts('t_end')}) AS time, job AS job_name, "
                      f"avg(duration_ns) / 1e6 AS iteration_ms FROM {DB}.iterations FINAL "
@@ -303,6 +321,196 @@ LIMIT 500"""
                      ("time", "job_name", "iteration_ms"), "Mean iteration time per interval.",
                      unit="ms", width=24, fmt=TIMESERIES),
         ), tags=("overview",))
+
+
+# ---------------------------------------------------------------------------------------------
+# what-if results (ByteDance's what-if analysis / SMon, diagnosis.md ``whatif``): table
+# ``whatif``, one row per result of the job's recent steps, the result as JSON
+
+
+def worst_whatif() -> str:
+    """The what-if result of the job with the largest slowdown whose computation falls in
+    the range (the most slowed-down window of steps)."""
+    return (f"(SELECT * FROM {DB}.whatif FINAL WHERE {JOB} AND {in_range('computed_ns')} "
+            f"ORDER BY coalesce(slowdown, 0) DESC, computed_ns DESC LIMIT 1)")
+
+
+def whatif_steps() -> str:
+    """``'a-b'``: the steps a what-if row covers."""
+    return ("concat(toString(arrayMin(JSONExtract(result, 'steps', 'Array(Int64)'))), '-', "
+            "toString(step))")
+
+
+def whatif_panels() -> tuple[PanelDef, ...]:
+    """Job detail: what slowed the job down, by the what-if analysis (what-if paper §4-5:
+    the step time simulated with one group of operations or workers made ideal)."""
+    by_time = f"""SELECT {ts('computed_ns')} AS time, kv.1 AS op_type,
+       round(kv.2, 4) AS slowdown_x
+FROM {DB}.whatif FINAL
+ARRAY JOIN arrayConcat([('all', coalesce(slowdown, 1.))],
+                       JSONExtractKeysAndValues(result, 'by_op_type', 'Float64')) AS kv
+WHERE {JOB} AND {in_range('computed_ns')}
+ORDER BY time, op_type"""
+    by_op = f"""SELECT kv.1 AS op_type, round(kv.2, 4) AS slowdown_x,
+       round((kv.2 - 1) / greatest(coalesce(w.slowdown, 1.) - 1, 1e-9), 3) AS share_of_slowdown,
+       {whatif_steps()} AS steps, round(w.slowdown, 4) AS step_slowdown_x
+FROM {worst_whatif()} AS w
+ARRAY JOIN JSONExtractKeysAndValues(w.result, 'by_op_type', 'Float64') AS kv
+ORDER BY slowdown_x DESC, op_type"""
+    workers = f"""SELECT JSONExtractInt(wk, 'rank') AS global_rank,
+       JSONExtractInt(wk, 'dp') AS dp_coord, JSONExtractInt(wk, 'pp') AS pp_coord,
+       round(JSONExtractFloat(wk, 'slowdown'), 4) AS slowdown_x,
+       arrayStringConcat(arrayMap(x -> toString(x), JSONExtract(wk, 'ranks', 'Array(Int64)')),
+                         ',') AS worker_ranks,
+       {whatif_steps()} AS steps
+FROM {worst_whatif()} AS w
+ARRAY JOIN JSONExtractArrayRaw(w.result, 'workers') AS wk
+ORDER BY slowdown_x DESC, global_rank"""
+    per_worker = f"""SELECT {ts('computed_ns')} AS time,
+       concat('rank ', toString(JSONExtractInt(wk, 'rank'))) AS worker,
+       round(JSONExtractFloat(wk, 'slowdown'), 4) AS slowdown_x
+FROM {DB}.whatif FINAL ARRAY JOIN JSONExtractArrayRaw(result, 'workers') AS wk
+WHERE {JOB} AND {in_range('computed_ns')}
+ORDER BY time, worker"""
+    return (
+        PanelDef("What-if slowdown by op type", "timeseries", by_time,
+                 ("time", "op_type", "slowdown_x"),
+                 "Per what-if result (the job's recent steps): 'all' is the traced step time "
+                 "over the simulated straggler-free one; each op type is the step time with "
+                 "only that type's stragglers left in, over the ideal.", width=12,
+                 fmt=TIMESERIES, points=True),
+        PanelDef("What-if: slowdown attributed per op type", "table", by_op,
+                 ("op_type", "slowdown_x", "share_of_slowdown", "steps", "step_slowdown_x"),
+                 "The most slowed-down what-if window in the range: per op type, the "
+                 "slowdown it alone causes and its share of the step's slowdown.", width=12),
+        PanelDef("What-if: slowest workers", "table", workers,
+                 ("global_rank", "dp_coord", "pp_coord", "slowdown_x", "worker_ranks",
+                  "steps"),
+                 "The most slowed-down what-if window in the range: the workers (DP x PP "
+                 "cells) whose stragglers alone cause the largest slowdown; rank: the member "
+                 "that held its TP group up.", width=12),
+        PanelDef("What-if slowdown per worker", "timeseries", per_worker,
+                 ("time", "worker", "slowdown_x"),
+                 "Per what-if result, the slowdown attributed to each of the slowest "
+                 "workers.", width=12, fmt=TIMESERIES, points=True),
+    )
+
+
+def whatif_grid_sql() -> str:
+    """The worst what-if window's per-worker slowdown as DP x PP cells."""
+    return f"""SELECT d - 1 AS dp_i, p - 1 AS pp_i, concat('dp', toString(dp_i)) AS dp_rank,
+       concat('pp', toString(pp_i)) AS pp_rank, round(v, 4) AS whatif_slowdown
+FROM (SELECT JSONExtract(result, 'worker_grid', 'Array(Array(Float64))') AS grid
+      FROM {worst_whatif()})
+ARRAY JOIN grid AS grid_row, arrayEnumerate(grid) AS p
+ARRAY JOIN grid_row AS v, arrayEnumerate(grid_row) AS d
+ORDER BY dp_i, pp_i"""
+
+
+def whatif_steps_sql() -> str:
+    """Per step and worker, the step's slowdown with only that worker's stragglers left in
+    (``per_step_worker_grid``), placed at the step's start (spans, else iterations)."""
+    return f"""WITH
+w AS (SELECT computed_ns, JSONExtract(result, 'steps', 'Array(Int64)') AS steps,
+             JSONExtract(result, 'per_step_worker_grid', 'Array(Array(Array(Float64)))') AS g
+      FROM {DB}.whatif FINAL
+      WHERE {JOB} AND {in_range('computed_ns')} AND JSONHas(result, 'per_step_worker_grid')),
+cells AS (SELECT steps[i] AS step, p - 1 AS pp_i, d - 1 AS dp_i, v, computed_ns FROM w
+          ARRAY JOIN arrayEnumerate(steps) AS i
+          ARRAY JOIN g[i] AS step_grid, arrayEnumerate(g[i]) AS p
+          ARRAY JOIN step_grid AS v, arrayEnumerate(step_grid) AS d
+          ORDER BY computed_ns DESC LIMIT 1 BY step, pp_i, dp_i),
+t AS (SELECT step, argMin(t0, src) AS t0 FROM (
+        SELECT step, min(t_start) AS t0, 0 AS src FROM {DB}.span WHERE {JOB} GROUP BY step
+        UNION ALL
+        SELECT iteration AS step, min(t_start) AS t0, 1 AS src FROM {DB}.iterations FINAL
+        WHERE {JOB} AND rank = -1 GROUP BY step)
+      GROUP BY step)
+SELECT {ts('t.t0')} AS time,
+       concat('pp', toString(cells.pp_i), ' dp', toString(cells.dp_i)) AS worker,
+       round(cells.v, 4) AS whatif_slowdown
+FROM cells INNER JOIN t ON t.step = cells.step
+ORDER BY time, worker"""
+
+
+# ---------------------------------------------------------------------------------------------
+# mitigation advice (Greyhound §5.1, the ski-rental planner of failslow.detectors.planner):
+# table ``advice``, one row per decision, keyed by advice_id = anomaly/strategy/action
+
+
+def advice_of_job() -> str:
+    """The job's advice decided within the range (one row per decision)."""
+    return f"(SELECT * FROM {DB}.advice FINAL WHERE {JOB} AND {in_range('t_ns')})"
+
+
+def plan_number(key: str) -> str:
+    return f"JSONExtract(coalesce(plan, '{{}}'), '{key}', 'Nullable(Float64)')"
+
+
+def fleet_advice_sql() -> str:
+    """Per anomaly of any job, the planner's latest decision within the range."""
+    return f"""SELECT job, anomaly_id, any(cause) AS cause, argMax(strategy, t_ns) AS strategy,
+       argMax(action, t_ns) AS last_action, argMax(description, t_ns) AS description,
+       {ts('max(t_ns)')} AS decided, round(argMax(impact_s, t_ns), 2) AS impact_s,
+       round(argMax(cost_s, t_ns), 2) AS cost_s, count() AS decisions
+FROM {DB}.advice FINAL WHERE {in_range('t_ns')}
+GROUP BY job, anomaly_id
+ORDER BY last_action != 'apply', max(t_ns) DESC
+LIMIT 200"""
+
+
+def advice_panel() -> PanelDef:
+    sql = f"""SELECT {ts('t_ns')} AS decided, anomaly_id, cause,
+       if(empty(link), arrayStringConcat(arrayMap(x -> toString(x), ranks), ','),
+          concat('link ', arrayStringConcat(arrayMap(x -> toString(x), link), '-')))
+           AS root_cause,
+       strategy, action, description, round(impact_s, 2) AS impact_s,
+       round(cost_s, 2) AS cost_s, slow_iterations,
+       round(t_slow_s, 4) AS t_slow_s, round(t_healthy_s, 4) AS t_healthy_s,
+       round({plan_number('predicted_before_s')}, 4) AS predicted_before_s,
+       round({plan_number('predicted_after_s')}, 4) AS predicted_after_s, reason
+FROM {advice_of_job()}
+ORDER BY t_ns, anomaly_id, strategy, action"""
+    return PanelDef(
+        "Mitigation advice", "table", sql,
+        ("decided", "anomaly_id", "cause", "root_cause", "strategy", "action", "description",
+         "impact_s", "cost_s", "slow_iterations", "t_slow_s", "t_healthy_s",
+         "predicted_before_s", "predicted_after_s", "reason"),
+        "Greyhound's ski-rental planner: an anomaly's accumulated impact (slow iterations x "
+        "(t_slow - t_healthy)) is weighed against each strategy's cost; it escalates S2 "
+        "re-balance micro-batches -> S3 adjust topology -> S4 checkpoint-and-restart when "
+        "the impact reaches the next cost, and reverts when the anomaly ends. predicted: the "
+        "iteration time before and after the plan (what-if simulator).", width=24, height=7)
+
+
+def s2_plan_panel() -> PanelDef:
+    """The latest S2 plan in the range: micro-batches per DP group (Greyhound §5.2)."""
+    m = "JSONExtract(assumeNotNull(a.plan), 'm', 'Array(Int64)')"
+    sql = f"""SELECT dp - 1 AS dp_rank, mb AS microbatches, round(t, 4) AS relative_time,
+       round(mb * t, 4) AS relative_load, a.anomaly_id AS anomaly_id,
+       {ts('a.t_ns')} AS decided
+FROM (SELECT * FROM {advice_of_job()} WHERE strategy = 'S2' AND action = 'apply'
+      AND plan IS NOT NULL ORDER BY t_ns DESC LIMIT 1) AS a
+ARRAY JOIN {m} AS mb, JSONExtract(assumeNotNull(a.plan), 'times_s', 'Array(Float64)') AS t,
+           arrayEnumerate({m}) AS dp
+ORDER BY dp_rank"""
+    return PanelDef(
+        "S2 plan: micro-batches per DP group", "table", sql,
+        ("dp_rank", "microbatches", "relative_time", "relative_load", "anomaly_id",
+         "decided"),
+        "The latest S2 advice: how many micro-batches each DP group should run (sum "
+        "unchanged) so the slowest group's load, micro-batches x its relative time per "
+        "micro-batch, is as small as possible.", width=12)
+
+
+def advice_annotation() -> AnnotationDef:
+    return AnnotationDef(
+        "mitigation advice",
+        f"SELECT {ts('t_ns')} AS time, {ts('t_ns')} AS timeEnd, "
+        f"concat(strategy, ' ', action, ': ', description, ' (', anomaly_id, ', impact ', "
+        f"toString(round(impact_s, 1)), ' s, cost ', toString(round(cost_s, 1)), ' s)') "
+        f"AS text, concat('advice,', strategy, ',', action) AS tags "
+        f"FROM {advice_of_job()} ORDER BY time", "green")
 
 
 def job_detail() -> DashboardDef:
@@ -349,6 +557,8 @@ LIMIT 200"""
                      "R: CCL-D's slowdown ratio of the slow communicator's rounds; P: the "
                      "share of the delay that is compute (late arrival) rather than transfer.",
                      width=24, height=7),
+            advice_panel(),
+            s2_plan_panel(),
             PanelDef("Slowdown, R and P per anomaly", "timeseries",
                      f"SELECT {ts('detected_ns')} AS time, id AS anomaly, "
                      f"slowdown AS slowdown_x, R AS R_ratio, P AS P_share "
@@ -382,7 +592,7 @@ LIMIT 200"""
                       "max_ms", "arrival_spread_ms", "most_often_last"),
                      "Tail over median first: a slow link or straggler shows in its "
                      "communicator's tail. arrival spread: first to last member entering.",
-                     width=12),
+                     width=24),
             PanelDef("Iteration time per rank", "timeseries",
                      f"SELECT {ts('t_end')} AS time, concat('rank ', toString(rank)) AS "
                      f"rank_label, duration_ns / 1e6 AS iteration_ms FROM {DB}.iterations "
@@ -390,6 +600,7 @@ LIMIT 200"""
                      f"{in_range('t_end')} ORDER BY time",
                      ("time", "rank_label", "iteration_ms"), "The selected ranks.",
                      unit="ms", width=24, fmt=TIMESERIES),
+            *whatif_panels(),
         ),
         annotations=(
             AnnotationDef(
@@ -408,6 +619,7 @@ LIMIT 200"""
                 f"'onset_iteration'))), '')) AS text, 'change-point' AS tags "
                 f"FROM {anomalies_of_job()} WHERE kind = 'slow' AND "
                 f"{anomaly_overlaps()}", "orange"),
+            advice_annotation(),
         ), tags=("job",))
 
 
@@ -481,6 +693,17 @@ LIMIT 20"""
                      "Each step (x) and rank (y): compute time over its stage's median in "
                      "that step. A straggler is a bright row during its anomaly.", width=24,
                      height=12, fmt=TIMESERIES),
+            PanelDef("What-if slowdown per worker (DP x PP)", "matrix", whatif_grid_sql(),
+                     ("dp_i", "pp_i", "dp_rank", "pp_rank", "whatif_slowdown"),
+                     "SMon's worker heatmap from the what-if analysis: the step slowdown with "
+                     "only that worker's stragglers left in, for the most slowed-down what-if "
+                     "window in the range.", width=12, height=9,
+                     matrix=("dp_rank", "pp_rank", "whatif_slowdown")),
+            PanelDef("What-if per-step slowdown by worker", "heatmap", whatif_steps_sql(),
+                     ("time", "worker", "whatif_slowdown"),
+                     "SMon's per-step heatmap: each step (x) and worker (y, DP x PP cell), the "
+                     "step's slowdown with only that worker's stragglers left in.", width=12,
+                     height=9, fmt=TIMESERIES),
             PanelDef("Top stragglers", "table", top,
                      ("global_rank", "node_name", "dp_coord", "pp_coord", "tp_coord",
                       "last_arrivals", "wait_ms_per_iteration"),
@@ -701,7 +924,8 @@ def pipeline() -> DashboardDef:
 
     parts = [count("coll", "t"), count("progress", "t"), count("link", "t"),
              count("gpu", "t"), count("span", "t_start"), count("rounds", "t_end"),
-             count("iterations", "t_end"), count("anomalies", "detected_ns")]
+             count("iterations", "t_end"), count("anomalies", "detected_ns"),
+             count("advice", "t_ns"), count("whatif", "computed_ns")]
     rows_sql = ("SELECT time, table_name, rows_per_s FROM (\n"
                 + "\nUNION ALL\n".join(parts) + "\n) ORDER BY time")
     def delay(tbl: str, col: str) -> str:
@@ -729,22 +953,14 @@ GROUP BY job, id, kind ORDER BY last_report DESC LIMIT 200"""
        formatReadableSize(sum(bytes_on_disk)) AS size_on_disk, count() AS active_parts
 FROM system.parts WHERE database = '${database}' AND active
 GROUP BY table ORDER BY sum(bytes_on_disk) DESC"""
-    note = (
-        "**Consumer lag and dead letters** are counters of the stream processor "
-        "(`failslow process`), not rows in ClickHouse: the processor serves them as "
-        "Prometheus metrics (`failslow_processor_*` on its `/metrics` endpoint), and "
-        "messages it could not decode are on the Kafka topic `failslow.deadletter` with the "
-        "reason in the `failslow-error` header. The panels here are what ClickHouse itself "
-        "shows: rows per second per table in event time, how long rows took from the node "
-        "to ClickHouse, how far the newest event lags the wall clock, and how long detection "
-        "took (trace time from onset to evidence; wall time from evidence to the stored "
-        "report).")
     return DashboardDef(
         "failslow-pipeline", "failslow: pipeline health",
-        "Is telemetry arriving and being processed? Rows per second per table, data lag, "
-        "detection delay, storage.",
+        "Is telemetry arriving and being processed? The processor's consumer lag, rows per "
+        "second, errors and dead letters (Prometheus); rows per second per table, data lag, "
+        "detection delay and storage (ClickHouse).",
         (V_DATABASE,),
         (
+            *processor_panels(),
             PanelDef("Rows per second by table", "timeseries", rows_sql,
                      ("time", "table_name", "rows_per_s"), "Rows per second of event time, "
                      "per table.", unit="rowsps", width=12, fmt=TIMESERIES),
@@ -767,10 +983,91 @@ GROUP BY table ORDER BY sum(bytes_on_disk) DESC"""
                      width=12),
             PanelDef("Storage", "table", storage,
                      ("table_name", "stored_rows", "size_on_disk", "active_parts"),
-                     "Active parts of the database's tables.", width=12, height=7),
-            PanelDef("Consumer lag and dead letters", "text", content=note, width=12,
-                     height=7),
+                     "Active parts of the database's tables.", width=12),
         ), tags=("pipeline",))
+
+
+def _pm(name: str, match: str = "") -> str:
+    """A processor metric's series (:mod:`failslow.stream.metrics`), scoped to its job."""
+    return f'failslow_processor_{name}{{job="{PROCESSOR_JOB}"{match}}}'
+
+
+NAMED_REASON = ', reason!=""'
+
+
+def _since(name: str, window: str = "$__range") -> str:
+    """How much a counter grew over ``window``, counting series born inside it from zero:
+    ``increase()`` needs two samples of a series, so it misses the first count of a label
+    value that appears already non-zero (the processor exports a dead-letter reason only
+    once it happened). A processor restart inside the window undercounts, never below 0."""
+    return (f"clamp_min(sum({_pm(name)}) - (sum({_pm(name)} offset {window}) "
+            f"or vector(0)), 0)")
+
+
+def _increase(name: str, by: str = "", window: str = "$__rate_interval") -> str:
+    agg = f"sum by ({by}) " if by else "sum "
+    return f"{agg}(increase({_pm(name)}[{window}]))"
+
+
+def processor_panels() -> tuple[PanelDef, ...]:
+    """The stream processor's own counters, from Prometheus: they are not rows in
+    ClickHouse. Messages it could not decode are also on the Kafka topic
+    ``failslow.deadletter`` (reason in the ``failslow-error`` header)."""
+    def prom(title: str, kind: str, targets: tuple[tuple[str, str], ...], desc: str,
+             unit: str = "", width: int = 12, height: int = 8,
+             thresholds: tuple[tuple[str, float | None], ...] = ()) -> PanelDef:
+        return PanelDef(title, kind, description=desc, unit=unit, width=width, height=height,
+                        promql=targets, thresholds=thresholds)
+
+    return (
+        prom("Processor up", "stat", ((f'up{{job="{PROCESSOR_JOB}"}}', "{{instance}}"),),
+             "1 while Prometheus can scrape the processor's /metrics.", width=4, height=5,
+             thresholds=(("red", None), ("green", 1))),
+        prom("Consumer lag now", "stat", ((f"sum({_pm('lag_messages')})", "lag"),),
+             "Kafka messages behind the end of the processor's partitions.", width=4,
+             height=5, thresholds=(("green", None), ("orange", 1000), ("red", 100000))),
+        prom("Dead letters in range", "stat", ((_since("dead_letters_total"), "dead letters"),),
+             "Messages sent to failslow.deadletter within the range.", width=4, height=5,
+             thresholds=(("green", None), ("red", 1))),
+        prom("Dropped in range", "stat", ((_since("dropped_total"), "dropped"),),
+             "Anomaly reports or dead letters the processor could not publish.", width=4,
+             height=5, thresholds=(("green", None), ("red", 1))),
+        prom("Errors in range", "stat",
+             ((f"{_increase('errors_total', window='$__range')} + "
+               f"{_increase('sink_failures_total', window='$__range')}", "errors"),),
+             "Analyzer failures plus failed store writes within the range.", width=4,
+             height=5, thresholds=(("green", None), ("red", 1))),
+        prom("Paused for the store", "stat", ((f"max({_pm('paused')})", "paused"),),
+             "1 while consumption is paused because ClickHouse pushes back.", width=4,
+             height=5, thresholds=(("green", None), ("orange", 1))),
+        prom("Consumer lag", "timeseries", ((_pm("lag_messages"), "{{instance}}"),),
+             "Messages behind the end of the assigned partitions (consumer lag).",
+             unit="short"),
+        prom("Rows decoded per second by kind", "timeseries",
+             ((f"sum by (kind) (rate({_pm('rows_total')}[$__rate_interval]))", "{{kind}}"),),
+             "Event rows the processor decodes per second (wall clock), per record kind.",
+             unit="rowsps"),
+        prom("Rows written per second by table", "timeseries",
+             ((f"sum by (table) (rate({_pm('rows_written_total')}[$__rate_interval]))",
+               "{{table}}"),),
+             "Rows written to ClickHouse per second, per table.", unit="rowsps"),
+        prom("Errors", "timeseries",
+             ((_increase("errors_total"), "analyzer failures"),
+              (_increase("sink_failures_total"), "store write failures"),
+              (_increase("produce_errors_total"), "publish failures"),
+              (_increase("commit_errors_total"), "offset commit errors"),
+              (_increase("backpressure_total"), "store backpressure")),
+             "Failures per interval: analyzer (batch skipped by detection, still stored), "
+             "store writes (retried), publishing, offset commits; backpressure (retried "
+             "later)."),
+        prom("Dead letters by reason", "timeseries",
+             ((f"sum by (reason) ({_pm('dead_letters_total', NAMED_REASON)})",
+               "{{reason}}"),
+              (f"sum({_pm('dropped_total')})", "dropped (not published)")),
+             "Messages sent to the dead-letter topic since the processor started, by reason "
+             "(a step up is a new dead letter), and messages it could not publish at all. "
+             "Counts, not rates: a reason's series only starts with its first dead letter."),
+    )
 
 
 def dashboards() -> tuple[DashboardDef, ...]:
@@ -816,6 +1113,38 @@ def alert_defs(database: str = DEFAULT_DATABASE) -> tuple[AlertDef, ...]:
                  ("job", "lag_s"), 120, "warning",
                  "{{ $labels.job }}: newest operation is {{ $values.A }} s old (collector, "
                  "Kafka or processor behind, or the job stopped)", for_="2m"),
+    )
+
+
+@dataclass(frozen=True)
+class PromAlertDef:
+    """An alert rule on the processor's own metrics (Prometheus, instant query): fires while
+    the expression's value exceeds ``threshold``."""
+
+    uid: str
+    title: str
+    expr: str
+    threshold: float
+    severity: str
+    summary: str
+    for_: str = "0s"
+
+
+def prometheus_alert_defs() -> tuple[PromAlertDef, ...]:
+    """The pipeline's health as alerts: the processor not scraped (down: no detection at
+    all), dead letters (telemetry lost to decoding), consumer lag (detection behind)."""
+    return (
+        PromAlertDef("failslow-processor-down", "failslow: stream processor down",
+                     f'1 - (max(up{{job="{PROCESSOR_JOB}"}}) or vector(0))', 0, "critical",
+                     "Prometheus cannot scrape the stream processor: no anomaly detection "
+                     "is running", for_="2m"),
+        PromAlertDef("failslow-dead-letters", "failslow: dead letters",
+                     _since("dead_letters_total", "10m"), 0, "warning",
+                     "{{ $values.A }} message(s) sent to failslow.deadletter in the last "
+                     "10 minutes (undecodable telemetry)"),
+        PromAlertDef("failslow-consumer-lag", "failslow: processor lagging",
+                     f"sum({_pm('lag_messages')})", 10000, "warning",
+                     "The processor is {{ $values.A }} Kafka messages behind", for_="5m"),
     )
 
 

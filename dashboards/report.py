@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -381,18 +381,49 @@ def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: 
             f"</table>{imgs}</div>")
 
 
+def _advice_html(advice: Sequence[Mapping[str, Any]], t0: int, reason: str) -> str:
+    """The planner's decisions: when, for which anomaly, which strategy (S2 re-balance
+    micro-batches, S3 adjust topology, S4 checkpoint-and-restart), apply / revert / skip,
+    the accumulated impact against the strategy's cost, and the plan's predicted iteration
+    time before and after."""
+    if not advice:
+        return ('<div id="advice" class="placeholder"><p class="muted">No advice: '
+                f'{_e(reason or "none was made")}.</p></div>')
+    head = ("<tr><th>at (s)</th><th>anomaly</th><th>strategy</th><th>action</th>"
+            "<th>what</th><th>impact (s)</th><th>cost (s)</th><th>predicted (s)</th>"
+            "<th>why</th></tr>")
+    body = []
+    for a in advice:
+        raw = a.get("plan")
+        plan: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        before, after = plan.get("predicted_before_s"), plan.get("predicted_after_s")
+        predicted = (f"{before:.3f} → {after:.3f}"
+                     if isinstance(before, int | float) and isinstance(after, int | float)
+                     else "")
+        body.append(
+            f'<tr class="advice-{_e(a.get("action", ""))}">'
+            f'<td>{_sec(a.get("t_ns"), t0)}</td><td>{_e(a.get("anomaly_id", ""))}</td>'
+            f'<td>{_e(a.get("strategy", ""))}</td><td>{_e(a.get("action", ""))}</td>'
+            f'<td>{_e(a.get("description", ""))}</td><td>{_num(a.get("impact_s"))}</td>'
+            f'<td>{_num(a.get("cost_s"))}</td><td>{_e(predicted)}</td>'
+            f'<td>{_e(a.get("reason", ""))}</td></tr>')
+    return f'<table id="advice">{head}{"".join(body)}</table>'
+
+
 def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iterations: pa.Table,
                  rounds: pa.Table, truth: Diagnosis | None = None,
                  title: str | None = None, *, critical_path: Sequence[Any] | None = None,
                  critical_iteration: int | None = None, critical_reason: str = "",
                  whatif_images: Sequence[Path] = (), whatif_reason: str = "",
+                 advice: Sequence[Mapping[str, Any]] = (), advice_reason: str = "",
                  sections: bool = False) -> Path:
     """Write the report of one job to ``path`` (one HTML file) and return its path.
 
     With ``sections=True`` (what ``failslow report`` asks for) the page also has the critical
     path of a slow iteration (``critical_path``: segments of
     :func:`failslow.dashboards.critical_path.critical_path`) and the what-if breakdown
-    (``diagnosis.whatif`` and SMon heatmap PNGs), each replaced by a note saying why when
+    (``diagnosis.whatif`` and SMon heatmap PNGs) and the mitigation planner's ``advice``
+    (Greyhound §5.1, ``Advice.to_dict()`` shape), each replaced by a note saying why when
     its data is missing."""
     t_end, dur = job_iterations(iterations)
     starts = [int(pc.min(iterations.column("t_start")).as_py())] if iterations.num_rows else []
@@ -426,7 +457,8 @@ def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iteratio
         extra_html = (f"<h2>Critical path of a slow iteration</h2>"
                       f"{_critical_html(critical_path, critical_iteration, critical_reason)}"
                       f"<h2>What-if: the job without stragglers</h2>"
-                      f"{_whatif_html(diagnosis.whatif, whatif_images, whatif_reason)}")
+                      f"{_whatif_html(diagnosis.whatif, whatif_images, whatif_reason)}"
+                      f"<h2>Mitigation advice</h2>{_advice_html(advice, t0, advice_reason)}")
     name = title or f"failslow report: {meta.job}"
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(name)}</title>

@@ -20,6 +20,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# Prometheus for the pipeline-health PromQL tests: Debian's package unpacked under build/tools
+# (cached; starts no service).
+bash infra/grafana/install-prometheus.sh
+
 python3 -m pip install --quiet --disable-pip-version-check -e '.[all,example]'
 
 echo "== lint and types"

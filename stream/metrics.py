@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "failslow_processor_"
+#: Reasons a message goes to the dead-letter topic: the ``DecodeError`` classes of
+#: failslow.stream.transport, then the processor's own (records before their job's meta, an
+#: analyzer that cannot be built).
+DEAD_LETTER_REASONS = ("unknown_kind", "schema_version", "malformed", "contract", "key",
+                       "no_meta", "analyzer")
 
 
 def _escape(value: str) -> str:
@@ -73,10 +78,11 @@ def render(stats: Any, transport_stats: Mapping[str, Any] | None = None,
              [({"table": k}, v) for k, v in sorted(written.items())])
     e.one("lag_messages", "gauge",
           "Messages behind the end of the assigned partitions (NaN: unknown).", stats.lag)
-    reasons = dict(stats.dead_letter_reasons)
+    # every known reason from the start, at 0: rate() misses a series' first increment
+    reasons = {**dict.fromkeys(DEAD_LETTER_REASONS, 0), **stats.dead_letter_reasons}
     e.metric("dead_letters_total", "counter",
              "Messages sent to the dead-letter topic, per reason.",
-             [({"reason": k}, v) for k, v in sorted(reasons.items())] or [({}, 0)])
+             [({"reason": k}, v) for k, v in sorted(reasons.items())])
     e.one("errors_total", "counter", "Analyzer failures (batches skipped by detection).",
           stats.errors)
     e.one("sink_failures_total", "counter", "Failed writes to the store (retried).",

@@ -87,6 +87,28 @@ def _stream(client: Any, scenario: Path) -> None:
     processor.run(until_idle=True)
 
 
+def _whatif(client: Any, scenario: Path) -> int:
+    """What the processor's what-if hook stores (``failslow process --whatif``): the what-if
+    analyzer run over the replayed ``scenario``, each result a row of the ``whatif`` table
+    (the demo runs without it)."""
+    import time
+
+    from failslow.detectors.whatif import WhatIfAnalyzer
+    from failslow.replay import DEFAULT_WINDOW_NS, replay
+    from failslow.simulator import load_scenario, simulate
+    from failslow.stream.sink import whatif_table
+
+    sim = simulate(load_scenario(scenario), 0)
+    analyzer = WhatIfAnalyzer(sim.meta)
+    rows = []
+    for now, batch in replay(sim.tables, DEFAULT_WINDOW_NS):
+        result = analyzer.update(batch)
+        if result is not None:
+            rows.append((sim.meta.job, max(result["steps"]), now, result, time.time_ns()))
+    client.insert_arrow(f"`{DEMO_DATABASE}`.`whatif`", whatif_table(rows))
+    return len(rows)
+
+
 VERSIONS_JOB = "sim-versions"
 #: 2030-01-01: far from the simulated jobs, so no other panel sees it
 VERSIONS_T = 1_893_456_000_000_000_000
@@ -122,6 +144,8 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
     try:
         _stream(client, tmp / "hang.yaml")
         _two_versions(client)
+        if not client.query(f"SELECT count() FROM {DEMO_DATABASE}.whatif").result_rows[0][0]:
+            assert _whatif(client, tmp / "small.yaml") >= 3
         sink = ClickHouseSink(client, DEMO_DATABASE, create=False)
         anomalies: dict[str, list[Anomaly]] = {}
         for job, a in sink.anomalies():
@@ -244,6 +268,62 @@ def _check_sm_clock(rows: Rows, loaded: Loaded) -> None:
     assert lowest["device"] == "node001 gpu1"  # rank 5 = node 1, GPU 1
 
 
+def _check_advice(rows: Rows, loaded: Loaded) -> None:
+    """The planner re-balances micro-batches (S2) for the compute straggler once its impact
+    reaches S2's cost, and reverts when the anomaly ends (Greyhound §5.1)."""
+    [compute] = [a for a in _stored(loaded) if a.cause == "compute"]
+    assert [(r["anomaly_id"], r["cause"], r["root_cause"], r["strategy"], r["action"])
+            for r in rows] == [(compute.id, "compute", "5", "S2", "apply"),
+                               (compute.id, "compute", "5", "S2", "revert")]
+    apply, revert = rows
+    assert apply["impact_s"] >= apply["cost_s"] > 0 and apply["slow_iterations"] > 0
+    assert apply["t_slow_s"] > apply["t_healthy_s"] > 0
+    assert _within(apply["decided"], _injected(loaded, "compute"))
+    assert revert["decided"] > apply["decided"]
+    if apply["predicted_after_s"] is not None:  # an S2 plan with the what-if prediction
+        assert apply["predicted_after_s"] < apply["predicted_before_s"]
+
+
+def _check_s2_plan(rows: Rows, loaded: Loaded) -> None:
+    """One row per DP group; the straggler's group (rank 5: DP 2) is the slow one, and no
+    group runs more than the slowest-group bound allows."""
+    assert [r["dp_rank"] for r in rows] == [0, 1, 2, 3]
+    assert sum(r["microbatches"] for r in rows) == 16  # 4 micro-batches x 4 DP groups
+    slow = max(rows, key=lambda r: r["relative_time"])
+    assert slow["dp_rank"] == 2 and slow["relative_time"] > 1.05
+    assert all(r["microbatches"] >= 1 for r in rows)
+    assert max(r["relative_load"] for r in rows) <= 4 * slow["relative_time"] + 1e-6
+
+
+def _check_whatif_by_time(rows: Rows, loaded: Loaded) -> None:
+    assert {r["op_type"] for r in rows} == {"all", "forward-compute", "backward-compute",
+                                            "pp-communication", "dp-communication",
+                                            "tp-communication"}
+    worst = max((r for r in rows if r["op_type"] == "all"), key=lambda r: r["slowdown_x"])
+    assert worst["slowdown_x"] > 1.1
+    same = [r for r in rows if r["time"] == worst["time"] and r["op_type"] != "all"]
+    assert max(same, key=lambda r: r["slowdown_x"])["op_type"].endswith("-compute")
+
+
+def _check_whatif_by_op(rows: Rows, loaded: Loaded) -> None:
+    # the worst window is the compute straggler's (steps 8-17 slowed, window 10-19)
+    assert rows[0]["op_type"] in ("forward-compute", "backward-compute")
+    assert rows[0]["share_of_slowdown"] > 0.5 and rows[0]["steps"] == "10-19"
+    assert rows[0]["step_slowdown_x"] > 1.1
+    comm = {r["op_type"]: r["slowdown_x"] for r in rows if r["op_type"].endswith("-communication")}
+    assert len(comm) == 3 and max(comm.values()) < 1.02
+
+
+def _check_whatif_steps(rows: Rows, loaded: Loaded) -> None:
+    top = max(rows, key=lambda r: r["whatif_slowdown"])
+    assert top["worker"] == "pp0 dp2" and top["whatif_slowdown"] > 1.1
+    assert _within(top["time"], _injected(loaded, "compute"))
+    others = [r["whatif_slowdown"] for r in rows if r["worker"] != "pp0 dp2"
+              and _within(r["time"], _injected(loaded, "compute"))]
+    assert max(others) < top["whatif_slowdown"] - 0.05
+    assert len({r["worker"] for r in rows}) == 8 and len({r["time"] for r in rows}) >= 25
+
+
 CHECKS: dict[str, Check] = {
     # fleet overview
     "failslow-fleet:annotation:-": lambda rows, ld: None,
@@ -255,6 +335,9 @@ CHECKS: dict[str, Check] = {
         {r["job"]: (r["anomalies"], r["open"]) for r in rows},
         {"sim-hang": (1, 1), "sim-small": (len(ld.anomalies["sim-small"]), 0)}),
     "failslow-fleet:panel:Anomalies": _check_fleet_anomalies,
+    "failslow-fleet:panel:Mitigation advice": lambda rows, ld: _eq(
+        [(r["job"], r["cause"], r["strategy"], r["last_action"], r["decisions"]) for r in rows],
+        [("sim-small", "compute", "S2", "revert", 2)]),
     "failslow-fleet:panel:Iteration time by job": lambda rows, ld: _eq(
         {r["job_name"] for r in rows}, {"sim-small", "sim-hang"}),
     # job detail
@@ -276,7 +359,21 @@ CHECKS: dict[str, Check] = {
     "failslow-job:panel:Communicators": lambda rows, ld: _eq(rows[0]["most_often_last"], 5),
     "failslow-job:panel:Iteration time per rank": lambda rows, ld: _eq(
         len({r["rank_label"] for r in rows}), 16),
+    "failslow-job:panel:Mitigation advice": _check_advice,
+    "failslow-job:panel:S2 plan: micro-batches per DP group": _check_s2_plan,
+    "failslow-job:annotation:mitigation advice": lambda rows, ld: _eq(
+        [(r["text"].split(":")[0], r["tags"]) for r in rows],
+        [("S2 apply", "advice,S2,apply"), ("S2 revert", "advice,S2,revert")]),
+    "failslow-job:panel:What-if slowdown by op type": _check_whatif_by_time,
+    "failslow-job:panel:What-if: slowdown attributed per op type": _check_whatif_by_op,
+    "failslow-job:panel:What-if: slowest workers": lambda rows, ld: _eq(
+        (rows[0]["global_rank"], rows[0]["dp_coord"], rows[0]["pp_coord"]), (5, 2, 0)),
+    "failslow-job:panel:What-if slowdown per worker": lambda rows, ld: _eq(
+        max(rows, key=lambda r: r["slowdown_x"])["worker"], "rank 5"),
     # rank heatmap
+    "failslow-ranks:panel:What-if slowdown per worker (DP x PP)": lambda rows, ld: _eq(
+        (len(rows), _grid_max(rows, "whatif_slowdown")), (8, ("dp2", "pp0"))),
+    "failslow-ranks:panel:What-if per-step slowdown by worker": _check_whatif_steps,
     "failslow-ranks:panel:Wait imposed on peers (DP x PP)": lambda rows, ld: _eq(
         (len(rows), _grid_max(rows, "wait_ms_per_iteration")), (8, ("dp2", "pp0"))),
     "failslow-ranks:panel:Compute slowdown (DP x PP)": lambda rows, ld: _eq(
@@ -323,7 +420,7 @@ CHECKS: dict[str, Check] = {
         0 < max(r["util_pct_value"] for r in rows) <= 100),
     # pipeline health
     "failslow-pipeline:panel:Rows per second by table": lambda rows, ld: _true(
-        {"coll", "link", "gpu", "span", "rounds", "iterations", "anomalies"}
+        {"coll", "link", "gpu", "span", "rounds", "iterations", "anomalies", "advice", "whatif"}
         <= {r["table_name"] for r in rows}),
     "failslow-pipeline:panel:Ingestion delay by table": lambda rows, ld: _true(
         {"coll", "link", "gpu", "iterations", "anomalies"} <= {r["table_name"] for r in rows}
@@ -350,6 +447,20 @@ def _true(x: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _panels_fit_the_grid(d: dict[str, Any]) -> None:
+    """Grafana's 24-column grid: no panel sticks out or covers another; ids are unique."""
+    taken: set[tuple[int, int]] = set()
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, (d["uid"], p["title"], g)
+        cells = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                 for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & taken, (d["uid"], p["title"], "overlaps another panel")
+        taken |= cells
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    assert len({p["title"] for p in d["panels"]}) == len(d["panels"])
+
+
 def test_committed_dashboards_are_there() -> None:
     assert {p.stem for p in DASHBOARDS} == {d.uid for d in panels.dashboards()}
     for path in DASHBOARDS:
@@ -358,8 +469,11 @@ def test_committed_dashboards_are_there() -> None:
         assert names[0] == "database"
         for p in d["panels"]:
             if p["type"] != "text":
-                assert p["datasource"]["uid"] == panels.DATASOURCE_UID
+                assert p["datasource"]["uid"] in (panels.DATASOURCE_UID, panels.PROMETHEUS_UID)
                 assert p["targets"] and p["description"]
+                assert {t["datasource"]["uid"] for t in p["targets"]} == \
+                    {p["datasource"]["uid"]}
+        _panels_fit_the_grid(d)
     job = json.loads((GRAFANA / "dashboards" / "failslow-job.json").read_text())
     assert [v["name"] for v in job["templating"]["list"]] == ["database", "job", "comm", "rank"]
 

@@ -47,7 +47,8 @@ def _binds(service: dict[str, Any]) -> dict[str, str]:
 def test_every_service_and_ports_on_loopback_only() -> None:
     doc = _compose()
     services = doc["services"]
-    assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "notifier", "agent"}
+    assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "notifier", "agent",
+                             "prometheus"}
     published = []
     for name, s in services.items():
         for port in s.get("ports", []):
@@ -106,7 +107,7 @@ def test_mounts_exist_and_match_the_provisioning() -> None:
 
 def test_datasource_provisioning_uses_the_services_environment() -> None:
     doc = yaml.safe_load((PROVISIONING / "datasources" / "failslow.yaml").read_text())
-    [ds] = doc["datasources"]
+    ds, prom = doc["datasources"]
     assert ds["type"] == panels.PLUGIN and ds["uid"] == panels.DATASOURCE_UID
     assert ds["jsonData"]["protocol"] == "http" and ds["jsonData"]["port"] == 8123
     assert ds["jsonData"]["defaultDatabase"] == panels.DEFAULT_DATABASE
@@ -115,6 +116,8 @@ def test_datasource_provisioning_uses_the_services_environment() -> None:
     assert referenced == {"FAILSLOW_CLICKHOUSE_HOST", "FAILSLOW_CLICKHOUSE_USER",
                           "FAILSLOW_CLICKHOUSE_PASSWORD"} and referenced <= set(graf_env)
     assert "password" not in ds["jsonData"]  # only in secureJsonData, from the environment
+    assert prom["type"] == panels.PROMETHEUS_PLUGIN and prom["uid"] == panels.PROMETHEUS_UID
+    assert prom["url"] == "${FAILSLOW_PROMETHEUS_URL}"
     ch_env = _env(_compose()["services"]["clickhouse"])
     assert graf_env["FAILSLOW_CLICKHOUSE_USER"] == ch_env["CLICKHOUSE_USER"]
     assert graf_env["FAILSLOW_CLICKHOUSE_PASSWORD"] == ch_env["CLICKHOUSE_PASSWORD"]
@@ -124,11 +127,17 @@ def test_alert_rules_provisioning() -> None:
     doc = yaml.safe_load((PROVISIONING / "alerting" / "failslow.yaml").read_text())
     [group] = doc["groups"]
     rules = {r["uid"]: r for r in group["rules"]}
-    assert set(rules) == {"failslow-open-anomaly", "failslow-hang", "failslow-pipeline-lag"}
+    prom = {"failslow-processor-down", "failslow-dead-letters", "failslow-consumer-lag"}
+    assert set(rules) == {"failslow-open-anomaly", "failslow-hang", "failslow-pipeline-lag",
+                          *prom}
     for r in rules.values():
         a, b = r["data"]
-        assert a["datasourceUid"] == panels.DATASOURCE_UID and "`failslow`." in \
-            a["model"]["rawSql"]
+        if r["uid"] in prom:  # tested against a live Prometheus: test_grafana_prometheus.py
+            assert a["datasourceUid"] == panels.PROMETHEUS_UID and a["model"]["instant"]
+            assert "failslow_processor_" in a["model"]["expr"] or "up{" in a["model"]["expr"]
+        else:
+            assert a["datasourceUid"] == panels.DATASOURCE_UID and "`failslow`." in \
+                a["model"]["rawSql"]
         assert b["datasourceUid"] == "__expr__" and b["model"]["type"] == "threshold"
         assert r["condition"] == "B" and r["labels"]["severity"] in ("warning", "critical")
     assert rules["failslow-hang"]["labels"]["severity"] == "critical"
@@ -169,3 +178,24 @@ def test_compose_client_accepts_the_file() -> None:
     assert "127.0.0.1" in json.dumps(resolved["services"]["grafana"]["ports"])
     assert set(resolved["services"]) >= {"kafka", "clickhouse", "grafana", "processor",
                                          "notifier"}
+
+
+def test_prometheus_scrapes_the_processor_on_loopback() -> None:
+    """The processor's metrics endpoint listens on 127.0.0.1 only, so Prometheus shares its
+    network namespace, scrapes 127.0.0.1:<the processor's default metrics port> and Grafana
+    reaches it at processor:9090."""
+    from failslow.stream_cli import DEFAULT_METRICS_PORT
+
+    services = _compose()["services"]
+    prom = services["prometheus"]
+    assert prom["network_mode"] == "service:processor" and "ports" not in prom
+    binds = _binds(prom)
+    assert binds["/etc/prometheus/prometheus.yml"] == "./infra/grafana/prometheus/prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    config = yaml.safe_load((ROOT / "infra/grafana/prometheus/prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    assert job["job_name"] == panels.PROCESSOR_JOB
+    assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{DEFAULT_METRICS_PORT}"]
+    assert "FAILSLOW_METRICS_PORT" not in _env(services["processor"])  # the default port
+    graf = _env(services["grafana"])
+    assert graf["FAILSLOW_PROMETHEUS_URL"] == "http://processor:9090"

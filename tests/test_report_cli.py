@@ -87,6 +87,8 @@ def test_report_from_a_trace_directory(built: tuple[Path, Path]) -> None:
     assert page.external == []  # one self-contained file
     assert {"iterations", "heatmap", "critical"} <= set(page.images)
     assert {"anomalies", "truth", "critical-path", "whatif", "whatif-table"} <= page.ids
+    # the default planner costs (S2: 5 s) exceed this short job's loss: a note says so
+    assert "advice" in page.ids and "No advice: the planner decided nothing" in html
     text = " ".join(page.text)
     assert "compute" in text and "communication" in text and "4–12" in text
     assert "pp_p2p" in text and "2 of 2 found" in text
@@ -165,6 +167,14 @@ def test_report_from_clickhouse(tmp_path: Path, trace: Path) -> None:
     page.feed(out.read_text())
     assert {"anomalies", "critical-path", "whatif"} <= page.ids and "critical" in page.images
     assert "slow-0" in " ".join(page.text)
+    # the planner's decisions as the processor stored them (the demo scales its costs): S2
+    # applied to the compute straggler's anomaly, then reverted when it ended
+    assert "advice" in page.ids
+    html = out.read_text()
+    rows = [r for r in html.split('<table id="advice">')[1].split("</table>")[0].split("<tr")
+            if "advice-" in r]
+    assert [("S2" in r, "apply" in r or "revert" in r) for r in rows] == [(True, True)] * 2
+    assert 'class="advice-apply"' in rows[0] and 'class="advice-revert"' in rows[1]
     assert json.loads(perfetto.read_text())["traceEvents"]
     missing = _parse(["--job", "nope", "--data-dir", str(data), "--database", DEMO_DATABASE,
                       "--out", str(tmp_path / "x.html")])
