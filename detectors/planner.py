@@ -105,6 +105,10 @@ class PlannerConfig:
     cost_s: dict[str, float] = field(
         default_factory=lambda: {"S2": 5.0, "S3": 60.0, "S4": 1800.0})
     healthy_window: int = 50        # iterations in the healthy baseline (median)
+    #: recent job iterations kept so that an anomaly reported after its start (the
+    #: detection delay, Greyhound Table 6: ~10 s) is charged the slow iterations it already
+    #: caused, and they leave the healthy baseline
+    history: int = 256
 
     @classmethod
     def parse_costs(cls, text: str) -> dict[str, float]:
@@ -244,6 +248,11 @@ class MitigationPlanner:
         self.plans = plans
         self._healthy: list[float] = []
         self._open: dict[str, _Open] = {}
+        # the last ``config.history`` job iterations: end time, duration (s), whether an
+        # anomaly has claimed it (claimed rows are not healthy)
+        self._ends = np.zeros(0, dtype=np.int64)
+        self._durs = np.zeros(0, dtype=np.float64)
+        self._claimed = np.zeros(0, dtype=bool)
 
     def candidates(self, cause: str) -> list[str]:
         """FINDSTRATEGIES(root_cause) sorted by overhead (Algorithm 1, lines 3-5)."""
@@ -271,7 +280,8 @@ class MitigationPlanner:
             state = self._open.get(a.id)
             if a.end_ns is None:
                 if state is None:
-                    self._open[a.id] = _Open(a)
+                    state = self._open[a.id] = _Open(a)
+                    advice += self._backfill(state)
                 else:
                     state.anomaly = a
             elif state is not None:
@@ -285,22 +295,54 @@ class MitigationPlanner:
                 advice += self._accumulate(ends, durations)
         return advice
 
+    def _charge(self, state: _Open, durations: np.ndarray, healthy: float | None) -> None:
+        """Add slow iterations to an anomaly's accumulated impact (Algorithm 1, lines 9-11:
+        slow_iters x (t_slow - t_healthy), per iteration)."""
+        if durations.size:
+            state.slow_iterations += int(durations.size)
+            state.slow_total_s += float(durations.sum())
+            if healthy is not None:
+                state.impact_s += float(np.clip(durations - healthy, 0, None).sum())
+
+    def _backfill(self, state: _Open) -> list[Advice]:
+        """A newly reported anomaly is charged the iterations since its ``start_ns`` that
+        were seen before the report (Greyhound §7.5: reported ~10 s after the fail-slow
+        began; those iterations were slow too), and they leave the healthy baseline, which
+        they would otherwise drag towards the slow time. Escalates at once when that
+        impact already reaches a cost."""
+        start = state.anomaly.start_ns
+        if start is None or not self._ends.size:
+            return []
+        mask = self._ends > start
+        if not mask.any():
+            return []
+        self._claimed |= mask
+        healthy = self._rebuild_healthy()
+        self._charge(state, self._durs[mask], healthy)
+        return self._escalate(state, int(self._ends.max()))
+
+    def _rebuild_healthy(self) -> float | None:
+        free = self._durs[~self._claimed]
+        if free.size:
+            self._healthy = free[-self.config.healthy_window:].tolist()
+        return self.healthy_s
+
     def _accumulate(self, ends: np.ndarray, durations: np.ndarray) -> list[Advice]:
         advice: list[Advice] = []
         in_anomaly = np.zeros(len(ends), dtype=bool)
         healthy = self.healthy_s
         for state in list(self._open.values()):
             start = state.anomaly.start_ns or 0
-            mask = ends >= start
+            mask = ends > start
             in_anomaly |= mask
-            if mask.any():
-                state.slow_iterations += int(mask.sum())
-                state.slow_total_s += float(durations[mask].sum())
-                if healthy is not None:
-                    state.impact_s += float(np.clip(durations[mask] - healthy, 0, None).sum())
+            self._charge(state, durations[mask], healthy)
             advice += self._escalate(state, int(ends.max()))
         self._healthy = (self._healthy + durations[~in_anomaly].tolist())[
             -self.config.healthy_window:]
+        keep = max(self.config.history, self.config.healthy_window)
+        self._ends = np.concatenate([self._ends, ends])[-keep:]
+        self._durs = np.concatenate([self._durs, durations.astype(np.float64)])[-keep:]
+        self._claimed = np.concatenate([self._claimed, in_anomaly])[-keep:]
         return advice
 
     def _advice(self, state: _Open, strategy: str, action: str, t_ns: int, reason: str,
@@ -352,6 +394,8 @@ class MitigationPlanner:
 
     def snapshot(self) -> dict[str, Any]:
         return {"healthy": self._healthy,
+                "history": {"end_ns": self._ends.tolist(), "duration_s": self._durs.tolist(),
+                            "claimed": self._claimed.tolist()},
                 "open": {k: {"anomaly": v.anomaly.to_dict(), "impact_s": v.impact_s,
                              "next_index": v.next_index, "applied": v.applied,
                              "skipped": v.skipped, "slow_iterations": v.slow_iterations,
@@ -360,6 +404,10 @@ class MitigationPlanner:
 
     def restore(self, state: dict[str, Any]) -> None:
         self._healthy = list(state["healthy"])
+        hist = state.get("history") or {}
+        self._ends = np.asarray(hist.get("end_ns", []), dtype=np.int64)
+        self._durs = np.asarray(hist.get("duration_s", []), dtype=np.float64)
+        self._claimed = np.asarray(hist.get("claimed", []), dtype=bool)
         self._open = {k: _Open(Anomaly.from_dict(v["anomaly"]), v["impact_s"], v["next_index"],
                                list(v["applied"]), list(v.get("skipped", [])),
                                int(v.get("slow_iterations", 0)),

@@ -57,3 +57,52 @@ def test_schedule_matches_greyhound_table_6() -> None:
     assert sorted(e.level for e in comp).count("weak") == 3
     assert [e.level for e in comp].count("medium") == 5
     assert [e.level for e in comp].count("severe") == 2
+
+
+def test_end_to_end_breakdown_adds_up_and_calibration_hits_the_paper_s1(figures: dict) -> None:
+    e2e = figures["end_to_end"]
+    ours = e2e["ours"]
+    assert e2e["setup"]["costs_s"]["S2"] < 0.5          # measured solve, no pause
+    bd = e2e["breakdown"]
+    steps = bd["steps"]
+    assert list(steps) == ["oracle", "report_delay", "relief_delay", "action_pauses",
+                           "ski_rental_wait"]
+    assert steps["ski_rental_wait"]["it_per_min"] == pytest.approx(
+        ours["ski-rental"]["it_per_min"])
+    assert sum(s["lost_it_per_min"] for s in steps.values()) == pytest.approx(
+        bd["total_lost_it_per_min"], abs=1e-3)
+    assert steps["oracle"]["it_per_min"] > ours["S1-only"]["it_per_min"]
+    assert steps["action_pauses"]["lost_it_per_min"] > 0     # S3 pauses cost throughput
+    assert ours["ceiling_vs_s1"] >= ours["ski_rental_vs_s1"]
+    cal = e2e["calibrated_to_paper_s1"]
+    assert cal["excess_slowdown_scale"] > 1.0
+    assert cal["ours"]["s1_x_healthy"] == pytest.approx(
+        e2e["paper"]["s1_x_healthy"], abs=0.02)
+    assert cal["ours"]["ski_rental_vs_s1"] > ours["ski_rental_vs_s1"]
+
+
+def test_late_report_and_rebalancing_help_the_ski_rental_run() -> None:
+    """The planner's backfill of pre-report slow iterations and S2's re-balancing on measured
+    times make the planner act earlier and leave fewer slow iterations (scale 0.2)."""
+    from failslow.detectors.mitigation_eval import (
+        DETECTION_DELAY_S,
+        _Regimes,
+        _sim,
+        _timeline,
+    )
+    from failslow.detectors.topology_plan import Layout
+    from failslow.detectors.whatif import build_ops
+
+    res = _sim({"tp": 1, "pp": 2, "dp": 16}, [], 3, 8)
+    reg = _Regimes(build_ops(res.tables, res.meta), Layout.from_meta(res.meta))
+    horizon = 600.0
+    events = schedule_12(horizon)
+    costs = {"S2": 0.001, "S3": 12.0, "S4": 84.0}
+    delay = DETECTION_DELAY_S
+    ski = _timeline("ski-rental", events, reg, horizon, delay, costs)
+    s1 = _timeline("S1-only", events, reg, horizon, delay, costs)
+    static = _timeline("ski-rental", events, reg, horizon, delay, costs, rebalance=False)
+    assert ski.iterations > s1.iterations
+    assert ski.iterations > static.iterations            # 1423 vs 1393 when written
+    oracle = _timeline("immediate", events, reg, horizon, 0.0, {s: 0.0 for s in costs})
+    assert oracle.iterations > ski.iterations

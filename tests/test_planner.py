@@ -230,3 +230,27 @@ def test_job_analyzer_runs_the_planner_and_snapshots_it() -> None:
     assert [(a.strategy, a.action) for a in got_whole] == [("S2", "apply"), ("S2", "revert")]
     assert [a.to_dict() for a in got_split] == [a.to_dict() for a in got_whole]
     assert JobAnalyzer(res.meta, JobConfig(planner=None)).planner is None
+
+
+def test_late_report_is_charged_the_slow_iterations_before_it() -> None:
+    """Greyhound §7.5: a fail-slow is reported ~10 s after it began; the iterations in
+    between were slow and count towards the impact (and leave the healthy baseline)."""
+    config = PlannerConfig(cost_s={"S2": 2.0, "S3": 50.0, "S4": 500.0}, healthy_window=10)
+    planner = MitigationPlanner("j", config)
+    planner.update(iterations(0, [1.0] * 10), [])
+    start = 10 * S
+    # eight slow iterations arrive before the detector reports the anomaly
+    assert planner.update(iterations(start, [1.5] * 8), []) == []
+    assert planner.healthy_s == pytest.approx(1.5)     # polluted until the report comes
+    advice = planner.update(iterations(start + 12 * S, []), [slow("compute", start)])
+    assert [(a.strategy, a.action) for a in advice] == [("S2", "apply")]
+    assert advice[0].impact_s == pytest.approx(4.0) and advice[0].slow_iterations == 8
+    assert planner.healthy_s == pytest.approx(1.0)
+    # the history survives a snapshot: a restored planner backfills the same way
+    fresh = MitigationPlanner("j", config)
+    fresh.update(iterations(0, [1.0] * 10), [])
+    fresh.update(iterations(start, [1.5] * 8), [])
+    restored = MitigationPlanner("j", config)
+    restored.restore(json.loads(json.dumps(fresh.snapshot())))
+    again = restored.update(iterations(start + 12 * S, []), [slow("compute", start)])
+    assert [a.to_dict() for a in again] == [a.to_dict() for a in advice]
