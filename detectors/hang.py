@@ -63,11 +63,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow import events
 from failslow.detectors.base import EventBatch
+from failslow.detectors.iterations import coll_columns, stable_argsort
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 
@@ -161,11 +163,41 @@ class HangConfig:
 
 
 def _match2(a1: np.ndarray, a2: np.ndarray, b1: np.ndarray, b2: np.ndarray) -> np.ndarray:
-    """For each key (b1, b2), the index of the equal key in the unique keys (a1, a2), or -1."""
-    na, nb = len(a1), len(b1)
+    """For each key (b1, b2), the index of the equal key in the keys (a1, a2) (the first
+    one when a key repeats), or -1."""
+    return _match((a1, a2), (b1, b2))
+
+
+def _match_ops(a_comm: np.ndarray, a_rank: np.ndarray, a_seq: np.ndarray, b_comm: np.ndarray,
+               b_rank: np.ndarray, b_seq: np.ndarray) -> np.ndarray:
+    """:func:`_match2` of operations keyed by (communicator index, rank, seq)."""
+    return _match((a_comm, a_rank, a_seq), (b_comm, b_rank, b_seq))
+
+
+def _match(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> np.ndarray:
+    """For each row of the key columns ``b``, the index of the equal row of ``a`` (the
+    first one when a row repeats), or -1. When every column is non-negative and together
+    they fit in 63 bits (the usual case), one packed int64 and a hash lookup; else a
+    joint sort."""
+    na, nb = len(a[0]), len(b[0])
     out = np.full(nb, -1, dtype=np.int64)
     if na == 0 or nb == 0:
         return out
+    packed = _pack_keys(a, b)
+    if packed is not None:
+        ka, kb = packed
+        index = pd.Index(ka)
+        if index.is_unique:
+            return np.asarray(index.get_indexer(kb), dtype=np.int64)
+        codes, uniq = pd.factorize(ka)
+        first = _first_positions(codes)
+        hit = pd.Index(uniq).get_indexer(kb)
+        return np.where(hit >= 0, first[np.maximum(hit, 0)], -1).astype(np.int64)
+    if len(a) == 3:
+        a = (_cr_key(a[0], a[1]), a[2])
+        b = (_cr_key(b[0], b[1]), b[2])
+    a1, a2 = a
+    b1, b2 = b
     k1 = np.concatenate([a1, b1])
     k2 = np.concatenate([a2, b2])
     src = np.concatenate([np.zeros(na, np.int8), np.ones(nb, np.int8)])
@@ -181,13 +213,76 @@ def _match2(a1: np.ndarray, a2: np.ndarray, b1: np.ndarray, b2: np.ndarray) -> n
     return out
 
 
+def _pack_keys(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]
+               ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The key columns of ``a`` and ``b`` packed into one int64 each (each column given
+    the bits of its largest value over both), or None when a value is negative or they do
+    not fit in 63 bits."""
+    widths = []
+    for x, y in zip(a, b, strict=True):
+        if int(x.min()) < 0 or int(y.min()) < 0:
+            return None
+        widths.append(max(int(x.max()), int(y.max())).bit_length())
+    if sum(widths) > 63:
+        return None
+    ka = np.zeros(len(a[0]), dtype=np.int64)
+    kb = np.zeros(len(b[0]), dtype=np.int64)
+    for x, y, w in zip(a, b, widths, strict=True):
+        ka = (ka << w) | x.astype(np.int64, copy=False)
+        kb = (kb << w) | y.astype(np.int64, copy=False)
+    return ka, kb
+
+
+def _first_positions(codes: np.ndarray) -> np.ndarray:
+    """Where each code of a factorization (codes numbered in order of first appearance)
+    first appears."""
+    return np.flatnonzero(np.diff(np.maximum.accumulate(codes), prepend=-1) > 0)
+
+
+def _rank_time_order(rank: np.ndarray, t: np.ndarray, third: np.ndarray | None = None
+                     ) -> np.ndarray:
+    """``np.lexsort((third, t, rank))`` (or ``np.lexsort((t, rank))``): rows in time order
+    (a replayed or time-windowed stream) need only a stable radix sort by rank."""
+    if len(t) > 1 and int(rank.min()) >= 0 and bool(np.all(t[1:] >= t[:-1])):
+        order = stable_argsort(rank)
+        if third is None:
+            return order
+        r, tt, x = rank[order], t[order], third[order]
+        if not np.any((r[1:] == r[:-1]) & (tt[1:] == tt[:-1]) & (x[1:] < x[:-1])):
+            return order
+    return np.lexsort((t, rank)) if third is None else np.lexsort((third, t, rank))
+
+
+def _group_order(key: np.ndarray, second: np.ndarray, any_order: bool = False) -> np.ndarray:
+    """``np.lexsort((second, key))``: rows grouped by ``key``, in order of ``second`` within
+    a group (ties in input order). Rows of a stream usually have ``second`` (a seq) rising
+    within each group already: then a stable radix sort of the key, or of its hash codes
+    when only the grouping matters (``any_order``: groups in any order), is enough."""
+    if len(key) > 1:
+        if any_order or int(key.min()) < 0 or int(key.max()) >= 2**32:
+            if not any_order:
+                return np.lexsort((second, key))
+            codes, _ = pd.factorize(key)
+            order = stable_argsort(codes)
+            k = codes[order]
+        else:
+            order = stable_argsort(key)
+            k = key[order]
+        x = second[order]
+        if not np.any((k[1:] == k[:-1]) & (x[1:] < x[:-1])):
+            return order
+    return np.lexsort((second, key))
+
+
 class _Sorted:
-    """Columns keyed by a sorted unique int64 key; vectorised find and insert."""
+    """Columns keyed by a sorted unique int64 key; vectorised find (a hash lookup, the
+    index rebuilt only when keys are added) and insert."""
 
     def __init__(self, spec: dict[str, tuple[Any, int]]) -> None:
         self.spec = spec
         self.keys = np.zeros(0, dtype=np.int64)
         self.cols: dict[str, np.ndarray] = {n: np.zeros(0, dtype=d) for n, (d, _) in spec.items()}
+        self._index: pd.Index | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -195,9 +290,10 @@ class _Sorted:
     def find(self, q: np.ndarray) -> np.ndarray:
         if len(self.keys) == 0:
             return np.full(len(q), -1, dtype=np.int64)
-        idx = np.searchsorted(self.keys, q)
-        safe = np.minimum(idx, len(self.keys) - 1)
-        return np.where((idx < len(self.keys)) & (self.keys[safe] == q), safe, -1)
+        if self._index is None:
+            self._index = pd.Index(self.keys)
+        return np.asarray(self._index.get_indexer(np.asarray(q, dtype=np.int64)),
+                          dtype=np.int64)
 
     def ensure(self, q: np.ndarray) -> np.ndarray:
         """Insert the missing keys of ``q`` (default column values); return their indices."""
@@ -207,6 +303,7 @@ class _Sorted:
             keys = np.concatenate([self.keys, new])
             order = np.argsort(keys, kind="stable")
             self.keys = keys[order]
+            self._index = None
             for name, (dtype, default) in self.spec.items():
                 col = np.concatenate([self.cols[name], np.full(len(new), default, dtype=dtype)])
                 self.cols[name] = col[order]
@@ -222,6 +319,7 @@ class _Sorted:
 
     def load(self, state: dict[str, Any]) -> None:
         self.keys = np.asarray(state["keys"], dtype=np.int64)
+        self._index = None
         for name, (dtype, _) in self.spec.items():
             self.cols[name] = np.asarray(state[name], dtype=dtype)
 
@@ -267,6 +365,26 @@ def _pack(a: np.ndarray) -> str:
 
 def _unpack(text: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(text), dtype="<i8").astype(np.int64)
+
+
+def _pack_z(a: np.ndarray) -> str:
+    """:func:`_pack`, zstd-compressed first (the ring of recent operations of thousands of
+    ranks is tens of megabytes raw, a few compressed)."""
+    raw = np.ascontiguousarray(a, dtype="<i8").tobytes()
+    return base64.b64encode(pa.compress(raw, codec="zstd", asbytes=True)).decode("ascii")
+
+
+def _unpack_z(text: str, count: int) -> np.ndarray:
+    """The ``count`` int64 values of :func:`_pack_z`."""
+    raw = pa.decompress(base64.b64decode(text), decompressed_size=8 * count, codec="zstd",
+                        asbytes=True)
+    return np.frombuffer(raw, dtype="<i8").astype(np.int64)
+
+
+def _saturate(a: np.ndarray) -> np.ndarray:
+    """Unsigned 64-bit counters read as int64 (wrapped above 2**63 - 1) saturated
+    instead, as :func:`_u64_to_i64` does."""
+    return np.where(a < 0, np.iinfo(np.int64).max, a) if len(a) and int(a.min()) < 0 else a
 
 
 def _u64_to_i64(a: np.ndarray) -> np.ndarray:
@@ -524,7 +642,7 @@ class HangDetector:
                       "exp": self._exp.tolist(), "tail": self._tail.tolist()},
             "ranks": {"last": self._rk_last.tolist(), "gap": self._rk_gap.tolist(),
                       "ngap": self._rk_ngap.tolist(), "lag": self._rk_lag.tolist(),
-                      "ring": _pack(self._ring), "ring_n": self._ring_n.tolist()},
+                      "ring_z": _pack_z(self._ring), "ring_n": self._ring_n.tolist()},
             "qp": {"keys": list(self._qp_ids), "info": [list(i) for i in self._qp_info],
                    **{n: a.tolist() for n, a in self._qp.items()}},
             "signatures": [[*k, v] for k, v in self._signatures.items()],
@@ -565,8 +683,10 @@ class HangDetector:
         self._rk_ngap = np.asarray(rk["ngap"], dtype=np.int64)
         self._rk_lag = np.asarray(rk["lag"], dtype=np.int64)
         self._rk_new = np.full(len(self._rk_last), NO_TIME, dtype=np.int64)
-        self._ring = _unpack(rk["ring"]).reshape(len(self._rk_last), self.config.recent_ops,
-                                                 len(_RING))
+        shape = (len(self._rk_last), self.config.recent_ops, len(_RING))
+        ring = (_unpack_z(rk["ring_z"], int(np.prod(shape))) if "ring_z" in rk
+                else _unpack(rk["ring"]))  # snapshots before compression
+        self._ring = ring.reshape(shape)
         self._ring_n = np.asarray(rk["ring_n"], dtype=np.int64)
         qp = state["qp"]
         self._qp_ids = {k: i for i, k in enumerate(qp["keys"])}
@@ -596,14 +716,19 @@ class HangDetector:
         return ci
 
     def _comm_index(self, comm: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
-        uniq, first, inv = np.unique(comm, return_index=True, return_inverse=True)
-        ids = np.empty(len(uniq), dtype=np.int64)
-        for j, c in enumerate(uniq.tolist()):
-            if sizes is None:
-                ids[j] = self._comm_ids.get(int(c), -1)
-            else:
-                ids[j] = self._register_comm(int(c), int(sizes[first[j]]))
-        return ids[inv.reshape(-1)]
+        """Index of each row's communicator (-1: unknown); with ``sizes``, communicators not
+        seen before are registered, in the order of their ids, with the size of their first
+        row."""
+        codes, uniq = pd.factorize(comm)
+        uniq = np.asarray(uniq)
+        get = self._comm_ids.get
+        ids = np.array([get(c, -1) for c in uniq.tolist()], dtype=np.int64)
+        if sizes is not None and (ids < 0).any():
+            first = _first_positions(codes)
+            new = np.flatnonzero(ids < 0)
+            for j in new[np.argsort(uniq[new], kind="stable")].tolist():
+                ids[j] = self._register_comm(int(uniq[j]), int(sizes[first[j]]))
+        return ids[codes]
 
     def _grow_ranks(self, max_rank: int) -> None:
         n = max_rank + 1 - len(self._rk_last)
@@ -618,18 +743,15 @@ class HangDetector:
             self._ring_n = np.concatenate([self._ring_n, np.zeros(n, np.int64)])
 
     def _ingest_coll(self, table: pa.Table) -> None:
-        rank = table.column("rank").to_numpy().astype(np.int64)
-        comm_u = table.column("comm").to_numpy()
-        csize = table.column("comm_size").to_numpy().astype(np.int64)
-        ci = self._comm_index(comm_u, csize)
-        crank = table.column("comm_rank").to_numpy().astype(np.int64)
-        seq = _u64_to_i64(table.column("seq").to_numpy())
-        op = pc.index_in(table.column("op"), value_set=pa.array(events.COLL_OPS))
-        op_a = op.to_numpy().astype(np.int64)
-        phase = np.asarray(pc.equal(table.column("phase"), "end").to_numpy(), dtype=bool)
-        nbytes = _u64_to_i64(table.column("bytes").to_numpy())
-        peer = table.column("peer").to_numpy().astype(np.int64)
-        t = table.column("t").to_numpy().astype(np.int64)
+        cols = coll_columns(table)  # decoded once for all the detectors of the job
+        rank, crank, csize = cols["rank"], cols["comm_rank"], cols["comm_size"]
+        ci = self._comm_index(cols["comm"], csize)
+        seq = _saturate(cols["seq"])
+        op_a = cols["op"]
+        phase = ~cols["is_enter"]
+        nbytes = _saturate(cols["bytes"])
+        peer = cols["peer"]
+        t = cols["t"]
         self._latest = max(self._latest, int(t.max()))
         self._observe_ranks(rank, t)
         enter = ~phase
@@ -645,7 +767,7 @@ class HangDetector:
     def _observe_ranks(self, rank: np.ndarray, t: np.ndarray) -> None:
         """Last record time and longest gap between a rank's own records (silence baseline)."""
         self._grow_ranks(int(rank.max()))
-        order = np.lexsort((t, rank))
+        order = _rank_time_order(rank, t)
         r, ts = rank[order], t[order]
         prev = np.empty_like(ts)
         prev[1:] = ts[:-1]
@@ -681,10 +803,10 @@ class HangDetector:
         p2p = (op == SEND) | (op == RECV)
         pidx = np.full(len(rank), -1, dtype=np.int64)
         if p2p.any():
-            for c in np.unique(ci[p2p]).tolist():
+            for c in pd.unique(ci[p2p]).tolist():
                 self._comm_p2p[c] = True
             pk = _pair_key(ci[p2p], rank[p2p], peer[p2p], op[p2p] == RECV)
-            order = np.lexsort((seq[p2p], pk))
+            order = _group_order(pk, seq[p2p], any_order=True)
             sk = pk[order]
             start = np.ones(len(sk), dtype=bool)
             start[1:] = sk[1:] != sk[:-1]
@@ -702,8 +824,8 @@ class HangDetector:
                "steps_t": np.full(len(rank), NO_TIME, np.int64),
                "hang": np.full(len(rank), -1, np.int64)}
         # duplicates of operations already in flight are ignored
-        dup = _match2(_cr_key(self._fl["comm"], self._fl["rank"]), self._fl["seq"],
-                      _cr_key(ci, rank), seq) >= 0
+        dup = _match_ops(self._fl["comm"], self._fl["rank"], self._fl["seq"],
+                         ci, rank, seq) >= 0
         if dup.any():
             new = {n: a[~dup] for n, a in new.items()}
         self._fl = {n: np.concatenate([self._fl[n], new[n]]) for n in _INFLIGHT}
@@ -717,18 +839,22 @@ class HangDetector:
         width = self.config.recent_ops
         if not len(rank) or width <= 0:
             return
-        order = np.lexsort((new["seq"], new["t"], rank))
+        order = _rank_time_order(rank, new["t"], new["seq"])
         r = rank[order]
         start = np.ones(len(r), dtype=bool)
         start[1:] = r[1:] != r[:-1]
-        head = np.maximum.accumulate(np.where(start, np.arange(len(r)), 0))
-        pos = np.arange(len(r)) - head
-        uniq, counts = np.unique(r, return_counts=True)
-        count_of = counts[np.searchsorted(uniq, r)]
-        keep = pos >= count_of - width
+        heads = np.flatnonzero(start)
+        counts = np.diff(np.append(heads, len(r)))
+        uniq = r[heads]
+        pos = np.arange(len(r)) - np.repeat(heads, counts)
+        keep = pos >= np.repeat(counts, counts) - width
+        if not keep.all():
+            order, r, pos = order[keep], r[keep], pos[keep]
         slot = (self._ring_n[r] + pos) % width
-        vals = np.stack([new[c][order] for c in _RING], axis=1)
-        self._ring[r[keep], slot[keep]] = vals[keep]
+        vals = np.empty((len(order), len(_RING)), dtype=np.int64)
+        for j, c in enumerate(_RING):
+            np.take(new[c], order, out=vals[:, j])
+        self._ring[r, slot] = vals
         self._ring_n[uniq] += counts
 
     def recent_ops(self, rank: int) -> dict[str, np.ndarray]:
@@ -748,7 +874,7 @@ class HangDetector:
         if len(rank):
             idx = self._cr.ensure(_cr_key(ci, rank))
             cols = self._cr.cols
-            order = np.lexsort((seq, idx))
+            order = _group_order(idx, seq)
             last = np.ones(len(order), dtype=bool)
             last[:-1] = idx[order][1:] != idx[order][:-1]
             sel = order[last]
@@ -765,7 +891,7 @@ class HangDetector:
         e_seq = np.concatenate([o["seq"], seq])
         e_t = np.concatenate([o["t"], t])
         fl = self._fl
-        hit = _match2(_cr_key(fl["comm"], fl["rank"]), fl["seq"], _cr_key(e_comm, e_rank), e_seq)
+        hit = _match_ops(fl["comm"], fl["rank"], fl["seq"], e_comm, e_rank, e_seq)
         matched = hit >= 0
         done = np.zeros(len(fl["t"]), dtype=bool)
         end_t = np.full(len(fl["t"]), NO_TIME, dtype=np.int64)
@@ -798,12 +924,22 @@ class HangDetector:
     def _count_signatures(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray) -> None:
         """How often each (comm, op, bytes) completed: breaks ties between the two sides of
         an inconsistent round (the usual signature is not the deviating one)."""
-        order = np.lexsort((nbytes, op, ci))
-        c_s, o_s, b_s = ci[order], op[order], nbytes[order]
-        start = np.ones(len(order), dtype=bool)
-        start[1:] = (c_s[1:] != c_s[:-1]) | (o_s[1:] != o_s[:-1]) | (b_s[1:] != b_s[:-1])
-        heads = np.flatnonzero(start)
-        counts = np.diff(np.append(heads, len(order)))
+        packed = _pack_keys((ci, op, nbytes), (ci[:1], op[:1], nbytes[:1]))
+        if packed is not None:
+            # group by hashing; the groups in key order, as sorting would give them
+            codes, uniq = pd.factorize(packed[0])
+            counts = np.bincount(codes, minlength=len(uniq))
+            heads = _first_positions(codes)
+            by_key = np.argsort(np.asarray(uniq), kind="stable")
+            heads, counts = heads[by_key], counts[by_key]
+            c_s, o_s, b_s = ci, op, nbytes
+        else:
+            order = np.lexsort((nbytes, op, ci))
+            c_s, o_s, b_s = ci[order], op[order], nbytes[order]
+            start = np.ones(len(order), dtype=bool)
+            start[1:] = (c_s[1:] != c_s[:-1]) | (o_s[1:] != o_s[:-1]) | (b_s[1:] != b_s[:-1])
+            heads = np.flatnonzero(start)
+            counts = np.diff(np.append(heads, len(order)))
         book = self._signatures
         for c, o, b, n in zip(c_s[heads].tolist(), o_s[heads].tolist(), b_s[heads].tolist(),
                               counts.tolist(), strict=True):
@@ -837,22 +973,26 @@ class HangDetector:
             self._tail = np.concatenate([self._tail, np.full(len(pairs), -1, np.int64)])
             rows = self._stat_row[ci, key]
         np.maximum.at(self._tail, rows, dur)
-        order = np.argsort(rows, kind="stable")
+        order = stable_argsort(rows)
         g = rows[order]
         first = np.ones(len(g), dtype=bool)
         first[1:] = g[1:] != g[:-1]
-        head = np.maximum.accumulate(np.where(first, np.arange(len(g)), 0))
-        pos = np.arange(len(g)) - head
-        uniq, counts = np.unique(g, return_counts=True)
-        count_of = counts[np.searchsorted(uniq, g)]
+        heads = np.flatnonzero(first)
+        counts = np.diff(np.append(heads, len(g)))
+        uniq = g[heads]
+        pos = np.arange(len(g)) - np.repeat(heads, counts)
         k = self.config.history
-        keep = pos >= count_of - k
+        keep = pos >= np.repeat(counts, counts) - k
         slot = (self._dur_pos[g] + pos) % k
         self._dur[g[keep], slot[keep]] = dur[order][keep]
         self._dur_pos[uniq] = (self._dur_pos[uniq] + counts) % k
         self._dur_n[uniq] += counts
         # quantile ("higher" method) of the filled slots, vectorised over the touched rows
         block = self._dur[uniq]
+        if self.config.quantile >= 1.0:
+            # the largest filled slot (empty slots hold -1, durations are >= 0)
+            self._exp[uniq] = block.max(axis=1)
+            return
         filled = np.minimum(self._dur_n[uniq], k)
         block = np.sort(np.where(block < 0, np.iinfo(np.int64).max, block), axis=1)
         at = np.ceil(self.config.quantile * (filled - 1)).astype(np.int64)
@@ -875,7 +1015,7 @@ class HangDetector:
                  + _u64_to_i64(table.column("recv_count").to_numpy()))[known]
         self._latest = max(self._latest, int(t.max()))
         fl = self._fl
-        hit = _match2(_cr_key(fl["comm"], fl["rank"]), fl["seq"], _cr_key(ci[known], rank), seq)
+        hit = _match_ops(fl["comm"], fl["rank"], fl["seq"], ci[known], rank, seq)
         ok = hit >= 0
         hit, t, steps = hit[ok], t[ok], steps[ok]
         if not len(hit):

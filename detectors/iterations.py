@@ -117,13 +117,40 @@ def rank_time_order(rank: np.ndarray, t: np.ndarray, third: np.ndarray) -> np.nd
     cheaper); ties in time fall back to the full sort."""
     if len(t) > 1 and int(rank.max()) < 2**31 and int(rank.min()) >= 0 and \
             bool(np.all(t[1:] >= t[:-1])):
-        order = np.argsort(rank.astype(np.int32), kind="stable")
+        order = stable_argsort(rank)
         r, tt, x = rank[order], t[order], third[order]
         same = r[1:] == r[:-1]
         if not np.any(same & (tt[1:] == tt[:-1]) & (x[1:] < x[:-1])):
             return order
     order, _ = _sorted_groups({"r": rank, "t": t, "x": third}, ("r", "t", "x"))
     return order
+
+
+def stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for non-negative integer keys below 2**32 (ranks,
+    codes) as one or two passes of numpy's radix sort on 16-bit digits: linear time, several
+    times faster than a comparison sort; other keys take the comparison sort."""
+    n = len(key)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = int(key.min()), int(key.max())
+    if lo < 0 or hi >= 2**32:
+        return np.argsort(key, kind="stable")
+    if hi < 2**16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    k = key.astype(np.uint32)
+    order = np.argsort((k & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((k[order] >> 16).astype(np.uint16), kind="stable")]
+
+
+def _median(x: np.ndarray) -> float:
+    """``float(np.median(x))`` of a non-empty array without NaN, by one sort (cheaper for
+    the short arrays of the learning phase)."""
+    s = np.sort(x)
+    n = len(s)
+    if n % 2:
+        return float(s[n // 2])
+    return (float(s[n // 2 - 1]) + float(s[n // 2])) / 2.0
 
 
 def _group_starts(*keys: np.ndarray) -> np.ndarray:
@@ -256,6 +283,8 @@ class IterationTracker:
         self._periods: dict[bytes, int] = {}  # cache: symbol sequence digest -> period
         self._since = np.zeros(0, dtype=np.int64)  # ops since the latest anchor, per rank
         self._period_cache: np.ndarray | None = None
+        self._anchor_cache: np.ndarray | None = None  # (comm, mod, res, offset) by rank
+        self._committed_all: bool | None = None  # every rank seen knows its period
         self._resets = 0  # references replaced so far
         self._reset_t = 0  # trace time of the latest replacement ...
         self._reset_ranks: list[int] = []  # ... and the ranks it sent back to learning
@@ -287,14 +316,14 @@ class IterationTracker:
         sel = cols["is_enter"]
         if not sel.any():
             return results.empty("iterations")
-        rank = cols["rank"][sel]
-        t = cols["t"][sel]
-        seq = cols["seq"][sel]
+        pick = np.flatnonzero(sel)
+        rank = cols["rank"][pick]
+        t = cols["t"][pick]
+        seq = cols["seq"][pick]
         order = rank_time_order(rank, t, seq)
         rank, t, seq = rank[order], t[order], seq[order]
-        comm = cols["comm"][sel][order]
-        opc = cols["op"][sel][order]
-        nbytes = cols["bytes"][sel][order]
+        pick = pick[order]
+        comm = cols["comm"][pick]
 
         new_b: list[np.ndarray] = []  # boundaries (rank, idx, t)
         uranks, starts, counts = np.unique(rank, return_index=True, return_counts=True)
@@ -309,7 +338,8 @@ class IterationTracker:
         # call counts, in the time order of those attempts (the result does not depend on
         # how the records were cut into batches)
         if not (self._periods_of(uranks) > 0).all():
-            block = np.stack([comm.view(np.int64), seq, opc, nbytes, t])
+            block = np.stack([comm.view(np.int64), seq, cols["op"][pick], cols["bytes"][pick],
+                              t])
             ranks_now = uranks[~committed]
             st_now, cnt_now = starts[~committed], counts[~committed]
             resets = self._resets
@@ -353,6 +383,7 @@ class IterationTracker:
             st = self.ranks.get(r)
             if st is None:
                 st = self.ranks[r] = _Rank(next_try=c.min_ops)
+                self._committed_all = False
             pos[r] = (s0, s0 + cnt)
             self._push_attempt(heap, r, st, s0, s0 + cnt, block)
         while heap:
@@ -395,14 +426,21 @@ class IterationTracker:
         """Boundaries (rank, idx, t) among rows of committed ranks (vectorized)."""
         if len(rank) == 0:
             return np.zeros((0, 3), dtype=np.int64)
-        keys = np.unique(rank)
-        a_comm = np.array([self.ranks[int(r)].anchor_comm for r in keys], dtype=np.uint64)
-        a_mod = np.array([self.ranks[int(r)].anchor_mod for r in keys], dtype=np.int64)
-        a_res = np.array([self.ranks[int(r)].anchor_res for r in keys], dtype=np.int64)
-        a_off = np.array([self.ranks[int(r)].offset for r in keys], dtype=np.int64)
-        pos = np.searchsorted(keys, rank)
-        hit = (comm == a_comm[pos]) & ((seq - a_res[pos]) % a_mod[pos] == 0)
-        idx = (seq[hit] - a_res[pos][hit]) // a_mod[pos][hit] + a_off[pos][hit]
+        if int(rank[0]) == int(rank[-1]) and bool(np.all(rank == rank[0])):
+            st = self.ranks[int(rank[0])]  # one rank (just committed): no table needed
+            a_comm = np.array([st.anchor_comm], dtype=np.uint64)
+            a_mod = np.array([st.anchor_mod], dtype=np.int64)
+            a_res = np.array([st.anchor_res], dtype=np.int64)
+            a_off = np.array([st.offset], dtype=np.int64)
+            pos = np.zeros(len(rank), dtype=np.int64)
+        else:
+            table = self._anchor_table(int(rank.max()))
+            a_comm, a_mod = table[0].view(np.uint64), table[1]
+            a_res, a_off = table[2], table[3]
+            pos = rank
+        a_res_p, a_mod_p = a_res[pos], a_mod[pos]
+        hit = (comm == a_comm[pos]) & ((seq - a_res_p) % a_mod_p == 0)
+        idx = (seq[hit] - a_res_p[hit]) // a_mod_p[hit] + a_off[pos][hit]
         b = np.stack([rank[hit], idx, t[hit]], axis=1)
         if self.ref_rank >= 0:
             ref = b[b[:, 0] == self.ref_rank]
@@ -410,6 +448,26 @@ class IterationTracker:
                 allb = np.concatenate([self.ref_bounds, ref[:, 1:]])
                 self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-4096:]
         return b
+
+    def _anchor_table(self, top: int) -> np.ndarray:
+        """Anchors of the committed ranks as a dense (4, ranks) int64 table: communicator
+        (as int64 bits), calls per period, residue, iteration offset (cached until a rank
+        commits or relearns)."""
+        cache = self._anchor_cache
+        if cache is None or cache.shape[1] <= top:
+            size = max(top + 1, max(self.ranks) + 1 if self.ranks else 0)
+            cache = np.zeros((4, size), dtype=np.int64)
+            cache[1] = 1
+            items = list(self.ranks.items())
+            if items:
+                idx = np.array([r for r, _ in items], dtype=np.int64)
+                cache[0, idx] = np.array([st.anchor_comm for _, st in items],
+                                         dtype=np.uint64).view(np.int64)
+                cache[1, idx] = [st.anchor_mod for _, st in items]
+                cache[2, idx] = [st.anchor_res for _, st in items]
+                cache[3, idx] = [st.offset for _, st in items]
+            self._anchor_cache = cache
+        return cache
 
     def _count_ops(self, uranks: np.ndarray, counts: np.ndarray, b: np.ndarray) -> None:
         """Track ops since the latest anchor (vectorized over ranks); relearn a rank whose
@@ -428,7 +486,18 @@ class IterationTracker:
             self._buf[r] = []
             self._nbuf[r] = 0
             self._since[r] = 0
-            self._period_cache = None
+            self._invalidate()
+
+    def _invalidate(self) -> None:
+        """Forget the dense per-rank caches (a rank committed, relearns or was added)."""
+        self._period_cache = None
+        self._anchor_cache = None
+        self._committed_all = None
+
+    def _all_committed(self) -> bool:
+        if self._committed_all is None:
+            self._committed_all = all(st.period for st in self.ranks.values())
+        return self._committed_all
 
     def _periods_of(self, ranks: np.ndarray) -> np.ndarray:
         """Committed period per rank (a cached dense array, rebuilt after commits)."""
@@ -472,7 +541,7 @@ class IterationTracker:
         ref = self.ref_bounds[self.ref_bounds[:, 1] <= t_now] if self.ref_rank >= 0 else None
         t_ref = self._ref_period_ns(ref)
         if t_ref > 0:
-            t_own = float(np.median(t[period:] - t[:-period]))
+            t_own = _median(t[period:] - t[:-period])
             if t_ref > 1.5 * t_own:
                 # operations per reference iteration, in whole periods
                 ahead = np.searchsorted(t, t + int(t_ref)) - np.arange(n)
@@ -485,7 +554,7 @@ class IterationTracker:
         if promote:
             self._reset_others(rank, t_now)
         self._commit(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
-        self._period_cache = None
+        self._invalidate()
         if self.ref_rank < 0:
             self.ref_rank = rank
         self._buf.pop(rank, None)
@@ -515,7 +584,7 @@ class IterationTracker:
             return 0.0
         step = np.diff(b[:, 0])
         ok = step > 0
-        return float(np.median(np.diff(b[:, 1])[ok] / step[ok])) if ok.any() else 0.0
+        return _median(np.diff(b[:, 1])[ok] / step[ok]) if ok.any() else 0.0
 
     def _reset_others(self, rank: int, t_now: int) -> None:
         """``rank`` sees a longer period than the reference: it becomes the reference and
@@ -532,7 +601,7 @@ class IterationTracker:
         self.ref_rank = -1
         self.ref_bounds = np.zeros((0, 2), dtype=np.int64)
         self._pend = self._pend[:0]
-        self._period_cache = None
+        self._invalidate()
 
     @staticmethod
     def _commit(st: _Rank, period: int, comm: np.ndarray, seq: np.ndarray, t: np.ndarray,
@@ -614,7 +683,7 @@ class IterationTracker:
             add = np.stack([fresh[:, 1], fresh[:, 0], fresh[:, 2], fresh[:, 3] - fresh[:, 2]],
                            axis=1)
             self._pend = np.concatenate([self._pend, add])
-        if len(self._pend) == 0 or not all(st.period for st in self.ranks.values()):
+        if len(self._pend) == 0 or not self._all_committed():
             # job iterations only once every rank seen knows its period (and agrees with
             # the reference on the iteration time)
             return np.zeros((0, 4), dtype=np.int64)
@@ -685,7 +754,7 @@ class IterationTracker:
         self.ref_rank = int(state["ref_rank"])
         self.ref_bounds = np.array(state["ref_bounds"], dtype=np.int64).reshape(-1, 2)
         self._since = np.array(state["since"], dtype=np.int64)
-        self._period_cache = None
+        self._invalidate()
 
 
 def median_iteration_s(tracker: IterationTracker) -> float:

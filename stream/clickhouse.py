@@ -205,6 +205,8 @@ TABLES: tuple[TableSpec, ...] = (
               frozenset({"consumer_group"})),
 )
 SPECS: dict[str, TableSpec] = {s.name: s for s in TABLES}
+#: The tables of the event contract's record kinds other than ``meta`` (raw collector rows).
+RAW_EVENT_TABLES = frozenset(k for k in events.SCHEMAS if k != "meta")
 #: Tables the processor's sink writes to.
 DATA_TABLES = tuple(s.name for s in TABLES if not s.name.startswith("processor_"))
 
@@ -381,10 +383,18 @@ class Store:
             raise ValueError(f"no ClickHouse table for {name!r}")
         if not table.num_rows:
             return
-        settings = {"insert_deduplication_token": token} if token else None
+        settings: dict[str, Any] = {}
+        if token:
+            settings["insert_deduplication_token"] = token
+        if name in RAW_EVENT_TABLES:
+            # raw events are not collapsed at insert time (merges and FINAL reads still do;
+            # a replayed block is dropped by its token): ~40% less CPU per row on the
+            # embedded store. Derived tables (anomalies, advice, ...) collapse at once, so
+            # that plain reads see one row per report.
+            settings["optimize_on_insert"] = 0
         data = select_schema(table, spec.schema)
         self.run(lambda c: c.insert_arrow(f"`{self.database}`.`{name}`", data,
-                                          settings=settings))
+                                          settings=settings or None))
 
     def close(self) -> None:
         if self._client is not None:

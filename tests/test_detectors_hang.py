@@ -957,3 +957,82 @@ def test_bench_hang_figures() -> None:
         assert 299.0 < figures[f"{key}_baseline_5min_latency_s"] < 302.0
     assert figures["large_correct"] is True and figures["large_ranks"] == 128
     json.dumps(figures)
+
+
+# ---------------------------------------------------------------------------------------------
+# the vectorised building blocks give what the plain sorts give (issue 3 item 10: speed
+# without a change of behaviour)
+
+
+def _reference_match(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> np.ndarray:
+    first: dict[tuple[int, ...], int] = {}
+    for i, key in enumerate(zip(*(x.tolist() for x in a), strict=True)):
+        first.setdefault(key, i)
+    return np.array([first.get(key, -1) for key in zip(*(x.tolist() for x in b), strict=True)],
+                    dtype=np.int64)
+
+
+@pytest.mark.parametrize("seq_top", [50, 2**40, 2**62])
+def test_match_is_the_first_equal_key_packed_or_not(seq_top: int) -> None:
+    from failslow.detectors.hang import _match
+
+    rng = np.random.default_rng(seq_top % 1000)
+    n = 3000
+    a = (rng.integers(0, 40, n), rng.integers(0, 4096, n), rng.integers(0, seq_top, n))
+    # repeated keys in a (the first one counts) and keys of b both inside and outside a
+    a = tuple(np.concatenate([x, x[:200]]) for x in a)
+    pick = rng.integers(0, n, 2000)
+    b = tuple(np.concatenate([x[pick], rng.integers(0, 40, 500) + 41 * (j == 0)])
+              for j, x in enumerate(a))
+    got = _match(a, b)
+    assert (got == _reference_match(a, b)).all()
+    assert (got[:2000] >= 0).all() and (got[2000:] == -1).all()
+    unique = tuple(x[:n] for x in a)
+    if len(set(zip(*(x.tolist() for x in unique), strict=True))) == n:
+        assert (_match(unique, b) == _reference_match(unique, b)).all()
+
+
+def test_rank_time_and_group_orders_equal_lexsort() -> None:
+    from failslow.detectors.hang import _group_order, _rank_time_order
+
+    rng = np.random.default_rng(3)
+    for top in (100, 70_000):
+        rank = rng.integers(0, top, 5000)
+        t = np.sort(rng.integers(0, 2000, 5000))          # time order, with ties
+        seq = rng.integers(0, 5, 5000)                     # ties in (rank, t) out of order
+        assert (_rank_time_order(rank, t) == np.lexsort((t, rank))).all()
+        assert (_rank_time_order(rank, t, seq) == np.lexsort((seq, t, rank))).all()
+        shuffled = rng.permutation(t)                      # not in time order
+        assert (_rank_time_order(rank, shuffled, seq)
+                == np.lexsort((seq, shuffled, rank))).all()
+        grow = np.arange(5000)                             # seq rising within each key
+        for key in (rank, rank.astype(np.int64) << 40):
+            assert (_group_order(key, grow) == np.lexsort((grow, key))).all()
+            assert (_group_order(key, seq) == np.lexsort((seq, key))).all()
+            order = _group_order(key, seq, any_order=True)
+            k, s = key[order], seq[order]
+            # grouped: each key one run, seq non-decreasing inside it
+            runs = np.flatnonzero(np.diff(k) != 0)
+            assert len(runs) + 1 == len(np.unique(key))
+            assert not ((k[1:] == k[:-1]) & (s[1:] < s[:-1])).any()
+
+
+def test_snapshot_ring_is_compressed_and_old_snapshots_restore() -> None:
+    job = Job(iterations=4)
+    steps = timeline(job.run())
+    det = HangDetector(job.meta())
+    feed(det, steps[: len(steps) // 2])
+    state = json.loads(json.dumps(det.snapshot()))
+    assert "ring_z" in state["ranks"] and "ring" not in state["ranks"]
+    old = json.loads(json.dumps(state))
+    old["ranks"].pop("ring_z")
+    from failslow.detectors.hang import _pack
+
+    old["ranks"]["ring"] = _pack(det._ring)
+    for s in (state, old):
+        det2 = HangDetector(job.meta())
+        det2.restore(s)
+        assert (det2._ring == det._ring).all()
+        for r in range(job.meta().world_size):
+            a, b = det.recent_ops(r), det2.recent_ops(r)
+            assert all((a[c] == b[c]).all() for c in a)

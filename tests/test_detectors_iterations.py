@@ -112,3 +112,18 @@ def test_straggler_lengthens_job_iterations(seed: int) -> None:
     tracker, _ = _track(job)
     d = np.array([x[2] for x in tracker.job], dtype=float)
     assert np.median(d[18:]) > 1.1 * np.median(d[3:13])
+
+
+def test_stable_argsort_and_median_equal_numpy() -> None:
+    """The radix sort and the one-sort median of the hot paths give numpy's results."""
+    from failslow.detectors.iterations import _median, stable_argsort
+
+    rng = np.random.default_rng(11)
+    for top in (1, 300, 70_000, 2**31, 2**40):
+        key = rng.integers(0, top, 20_000)
+        assert (stable_argsort(key) == np.argsort(key, kind="stable")).all()
+    assert (stable_argsort(np.array([-3, 5, -3, 2])) == np.array([0, 2, 3, 1])).all()
+    assert len(stable_argsort(np.zeros(0, dtype=np.int64))) == 0
+    for n in (1, 2, 7, 64):
+        for x in (rng.integers(-10**12, 10**12, n), rng.normal(size=n) * 1e9):
+            assert _median(x) == float(np.median(x))

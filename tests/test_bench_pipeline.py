@@ -1,0 +1,58 @@
+"""``failslow bench pipeline`` (stream/bench.py, issue 6 item 7): the capacity figures of a
+processor run, from the counters the processor writes with ``--stats-json``."""
+
+from __future__ import annotations
+
+import pytest
+
+from failslow.stream.bench import _phase, _steady
+
+
+def _stats(cpu_per_row_first: float, cpu_per_row_second: float, rows: int) -> dict:
+    """A processor run over ``rows`` rows in 20 checkpoints: the first half of the rows at
+    one CPU cost per row (learning), the second half at another (steady)."""
+    samples, cpu, seen = [], 1.0, 0
+    step = rows // 20
+    for i in range(20):
+        cpu += step * (cpu_per_row_first if i < 10 else cpu_per_row_second)
+        seen += step
+        samples.append((cpu, seen))
+    return {"cpu_first_message_s": 1.0, "cpu_last_checkpoint_s": cpu, "cpu_samples": samples,
+            "rows": {"coll": seen}, "seconds": {"analyze": 1.0}}
+
+
+def test_steady_figure_is_the_second_half() -> None:
+    rows, iterations = 2_000_000, 10
+    stats = _stats(2e-6, 1e-6, rows)
+    per_iteration = rows / iterations
+    # 1 us per row in the second half: 0.2 s per iteration of 200k rows
+    assert _steady(stats, per_iteration) == pytest.approx(0.2, rel=0.02)
+    # overall: 3 s of CPU over 10 iterations
+    phase = _phase(stats, rows, iterations, 4096, raw_rate=20e6)
+    assert phase["cpu_s_per_iteration"] == pytest.approx(0.3, abs=0.001)
+    assert phase["steady_cpu_s_per_iteration"] == pytest.approx(0.2, abs=0.001)
+    assert phase["ranks_realtime_steady"] == pytest.approx(4096 / 0.2, rel=0.02)
+    # the headline is the conservative one
+    assert phase["ranks_realtime"] == phase["ranks_realtime_overall"]
+    assert phase["ranks_realtime_overall"] == pytest.approx(4096 / 0.3, rel=0.01)
+    assert phase["rows_per_s"] == pytest.approx(rows / 3.0, rel=0.01)
+    assert phase["ratio_to_raw_consume"] == pytest.approx(rows / 3.0 / 20e6, rel=0.01)
+    assert phase["complete"] is True
+
+
+def test_incomplete_run_is_flagged_and_few_samples_fall_back_to_overall() -> None:
+    stats = _stats(1e-6, 1e-6, 1_000_000)
+    stats["cpu_samples"] = stats["cpu_samples"][-2:]
+    phase = _phase(stats, 2_000_000, 10, 1024, raw_rate=1e6)
+    assert phase["complete"] is False and phase["rows_seen"] == 1_000_000
+    # too few samples for a second half: the overall CPU over the iterations seen
+    assert phase["steady_cpu_s_per_iteration"] == pytest.approx(
+        (stats["cpu_last_checkpoint_s"] - 1.0) / 5, rel=0.01)
+
+
+def test_headline_is_the_more_expensive_of_steady_and_overall() -> None:
+    # a second half dearer than the first (a snapshot, a costly kind fetched last)
+    stats = _stats(1e-6, 3e-6, 2_000_000)
+    phase = _phase(stats, 2_000_000, 10, 4096, raw_rate=20e6)
+    assert phase["steady_cpu_s_per_iteration"] > phase["cpu_s_per_iteration"]
+    assert phase["ranks_realtime"] == phase["ranks_realtime_steady"] < 4096 / 0.4 * 1.01
