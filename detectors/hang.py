@@ -1852,7 +1852,9 @@ class _Context:
             sig = {m: (0, int(fl["bytes"][stuck[m]])) for m in members if m in stuck}
             done = [m for m in members if m not in stuck]
         if len(set(sig.values())) > 1:
-            deviating = self._minority(ci, grnd[2], sig) if grnd[0] == "c" else sorted(sig)
+            deviating = (self._minority(ci, grnd[2], sig) if grnd[0] == "c"
+                         else self._p2p_deviating(ci, {m: (int(fl["op"][stuck[m]]), b)
+                                                       for m, (_, b) in sig.items()}))
             seen = {str(m): {"op": events.COLL_OPS[o] if grnd[0] == "c" else None, "bytes": b}
                     for m, (o, b) in sig.items() if m in deviating}
             return "inconsistent", deviating, None, {"deviating": seen}
@@ -1898,6 +1900,17 @@ class _Context:
             if any(s2 <= last_d and s2 not in held for s2 in later.tolist()):
                 return True
         return False
+
+    def _p2p_deviating(self, ci: int, sig: dict[int, tuple[int, int]]) -> list[int]:
+        """The side of a mismatched send/recv pair (CCL-D §2.2 H2) whose (op, bytes) the
+        pair's communicator completed less often before: the usual transfer is the expected
+        one. Both sides when history cannot tell them apart."""
+        book = self.det._signatures
+        seen = {m: book.get((ci, o, b), 0) for m, (o, b) in sig.items()}
+        if len(set(seen.values())) == 1:
+            return sorted(sig)
+        low = min(seen.values())
+        return sorted(m for m, n in seen.items() if n == low)
 
     def _minority(self, ci: int, seq: int, sig: dict[int, tuple[int, int]]) -> list[int]:
         """The deviating ranks: those whose (op, bytes) is not the most common one in the

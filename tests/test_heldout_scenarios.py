@@ -41,7 +41,8 @@ SLOW = ["s-compute-1.2-last", "s-compute-3-skew", "s-compute-1.3-order", "s-comp
         "l-tp-cross-node-3x-linkrows", "l-pp-3x-no-tstart", "s-compute-2-early", "l-pp-64",
         "x-two-episodes"]
 HANG = ["h1-tp", "h1-pp-warmup-mb0", "h1-dp", "h2-dp-bytes", "h2-dp-op-rsag", "h2-tp-bytes",
-        "h3-tp", "h3-dp-linkrows", "h3-pp-linkrows", "h3-dp-128-linkrows", "h1-tp-postmortem"]
+        "h2-pp-bytes", "h3-tp", "h3-dp-linkrows", "h3-pp-linkrows", "h3-dp-128-linkrows",
+        "h1-tp-postmortem"]
 
 #: Detection delay allowed after the true onset, in baseline iterations (the suite's worst
 #: measured delay over three seeds was under 7).
