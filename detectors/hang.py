@@ -952,8 +952,16 @@ class HangDetector:
                hang: np.ndarray) -> None:
         """Append completed durations to the ring buffer of their (comm, op, size class) and
         raise its longest duration; operations that were part of a reported hang are not
-        history."""
+        history, except the waits of a not-entered (H1) hang that completed after all: its
+        root was busy on the host (a checkpoint written by one rank), which recurs and is
+        then normal (CCL-D §4.2.1's long operations), so it is reported once only."""
         ok = (hang < 0) & (dur >= 0)
+        in_hang = np.flatnonzero(hang >= 0)
+        if len(in_hang):
+            pause = {h: self._hangs[h].anomaly.cause == "not_entered"
+                     for h in np.unique(hang[in_hang]).tolist()}
+            ok[in_hang] = [pause[h] for h in hang[in_hang].tolist()]
+            ok &= dur >= 0
         ci, dur = ci[ok], dur[ok]
         if not len(ci):
             return

@@ -121,6 +121,15 @@ def test_heldout_hang_found_and_classified(name: str, tmp_path: Path) -> None:
         assert sorted(h["link"]) == sorted(t["link"])
 
 
+def test_recurring_host_pause_of_one_rank_is_reported_once(tmp_path: Path) -> None:
+    """Rank 0 goes silent for ~8 s twice (a checkpoint written by one rank) while its peers
+    wait: the first pause is indistinguishable from an H1 hang and is reported, with its
+    end; the second is the same wait again, learned as normal (CCL-D §4.2.1)."""
+    _, diag = _run("c-checkpoint-rank0-twice", tmp_path)
+    hangs = [(a["cause"], a["ranks"], a["end_ns"] is not None) for a in diag["anomalies"]]
+    assert hangs == [("not_entered", [0], True)]
+
+
 def test_two_simultaneous_stragglers_reported_together(tmp_path: Path) -> None:
     """Two ranks in different stages slowed over the same iterations: one anomaly naming
     both (the simulator's compute-multi convention), no other."""
