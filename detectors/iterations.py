@@ -701,8 +701,12 @@ class IterationTracker:
                 if not later.any():
                     break
                 cutoff = int(ends[later].min())
+                seen = sel.copy()
                 sel &= ends <= cutoff
                 if int(sel.sum()) * 2 < world:
+                    if self._never_complete(idx, pend[seen, 1]):
+                        self.job_last_idx = emitted = idx  # skipped: a gap, not a lock
+                        continue
                     break
             part = pend[sel]
             t0 = int(part[:, 2].max())
@@ -717,6 +721,18 @@ class IterationTracker:
             top = int(self._pend[:, 0].max())
             self._pend = self._pend[self._pend[:, 0] > top - 64]
         return np.array(out, dtype=np.int64).reshape(-1, 4)
+
+    def _never_complete(self, idx: int, reported: np.ndarray) -> bool:
+        """Whether job iteration ``idx`` can no longer be emitted: the ranks that did not
+        report it are already past it (a rank that learned its period again after a reset
+        numbers its first boundary after ``idx`` and never reports the earlier ones), so
+        waiting for them would hold back every later iteration."""
+        ranks = np.fromiter(self.ranks, dtype=np.int64, count=len(self.ranks))
+        last = np.fromiter((st.last_idx for st in self.ranks.values()), dtype=np.int64,
+                           count=len(self.ranks))
+        missing = ~np.isin(ranks, reported)
+        return bool(missing.any()) and bool(np.all(last[missing] > idx)) \
+            and len(np.unique(reported)) * 2 < len(ranks)
 
     def _table(self, rows: np.ndarray) -> pa.Table:
         n = len(rows)

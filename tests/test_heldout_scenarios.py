@@ -130,6 +130,25 @@ def test_recurring_host_pause_of_one_rank_is_reported_once(tmp_path: Path) -> No
     assert hangs == [("not_entered", [0], True)]
 
 
+def test_early_host_pauses_on_three_ranks_do_not_lock_the_iterations(tmp_path: Path) -> None:
+    """Three GC-like pauses of about one iteration on three ranks early in the job make
+    ranks learn their period again; job iterations those ranks never report are skipped
+    rather than waited for, so the iterations (and a later straggler) are still found."""
+    base = hg.Spec(jitter="lognormal", jitter_scale=0.03, gc_prob=0.0, seed=92,
+                   pauses=[(0, 0.076, (14,)), (1, 0.046, (7,)), (5, 0.071, (2,))])
+    for label, spec in (("clean", base), ("straggler", dataclasses.replace(
+            base, faults=[hg.Fault("compute", 3, start=14, end=28, factor=1.6)]))):
+        truth = hg.write(spec, tmp_path / label)
+        diag = analyze(tmp_path / label).to_dict()
+        it = diag["iterations"]
+        assert it["count"] >= 25, it
+        true = truth["iterations"]["median_s"]
+        tolerance = 0.02 if label == "clean" else 0.06  # half the iterations slowed
+        assert abs(it["median_s"] - true) / true < tolerance
+        found = [(a["kind"], a["cause"], a["ranks"]) for a in diag["anomalies"]]
+        assert found == ([] if label == "clean" else [("slow", "compute", [3])])
+
+
 def test_two_simultaneous_stragglers_reported_together(tmp_path: Path) -> None:
     """Two ranks in different stages slowed over the same iterations: one anomaly naming
     both (the simulator's compute-multi convention), no other."""
