@@ -26,10 +26,13 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    slow *levels* (onset, further onset during an open one, relief).
 5. A level becomes an anomaly once its root *persists*: each slow iteration is localized
    on its own against the reference window before the onset, and a compute root (or a slow
-   link) must be found again over the slow iterations (:meth:`SlowdownDetector._persistent`).
-   A fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
-   ranks, and such levels are dropped. A further level with the same root is the same
-   anomaly grown worse; with another root it is a second anomaly.
+   link) must be found again over the slow iterations (:meth:`SlowdownDetector._persistent`),
+   more often than chance allows: noise names many ranks per iteration, so a rank shared
+   by two such sets is no evidence (:func:`_persistence_chance`). A first slow iteration
+   several healthy iterations long is judged by its two halves. A fail-slow is a
+   persistent slow component; GC pauses and bursts of jitter hit random ranks, and such
+   levels are dropped -- and once relieved, not proposed again. A further level with the
+   same root is the same anomaly grown worse; with another root it is a second anomaly.
 6. Localization of a window against its reference window:
    * communication (Greyhound §4.3 cross-group comparison): groups (a communicator, or the
      pair of a point-to-point channel) whose transfer time grew by more than 10% over their
@@ -43,11 +46,14 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
      schedule;
    * both: mixed. CCL-D's ``R`` and ``P`` (:meth:`SlowdownDetector._rp`) are reported for
      the communicator that shows the anomaly (P near 1: late arrival, computation; near 0:
-     transfer, communication) and used where the compute evidence is only the wait graph.
+     transfer, communication), over the rounds from the anomaly's start on and against the
+     ``T_base`` of the rounds before it, and used where the compute evidence is only the
+     wait graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -144,6 +150,9 @@ class CommRegistry:
         self.sizes: list[int] = []
         self.p2p_only: list[bool] = []
         self._index: dict[int, int] = {}
+        self._sorted: np.ndarray | None = None  # ids sorted, and their indices
+        self._sorted_idx = np.zeros(0, dtype=np.int64)
+        self._learning = True  # some communicator's members are still being learned
         for c in meta.comms:
             i = self._add(c.comm, len(c.ranks))
             self.members[i] = dict(enumerate(c.ranks))
@@ -157,6 +166,8 @@ class CommRegistry:
         self.members.append({})
         self.sizes.append(size)
         self.p2p_only.append(True)
+        self._sorted = None
+        self._learning = True
         return i
 
     def index(self, comm: int) -> int:
@@ -172,28 +183,45 @@ class CommRegistry:
     def observe(self, comm: np.ndarray, cr: np.ndarray, size: np.ndarray, rank: np.ndarray,
                 op: np.ndarray) -> np.ndarray:
         """Register new communicators and members; return the comm index of every row."""
-        uniq, inv = np.unique(comm, return_inverse=True)
-        idx = np.empty(len(uniq), dtype=np.int64)
-        for j, c in enumerate(uniq.tolist()):
-            i = self._index.get(c)
-            if i is None:
-                first = int(np.argmax(inv == j))
-                i = self._add(c, int(size[first]))
-            idx[j] = i
-        rows_idx = idx[inv]
-        learning = np.array([not self.kinds[i] for i in idx])
+        comm = np.asarray(comm, dtype=np.uint64)
+        pos, hit = self._find(comm)
+        if not hit.all():
+            uniq, first = np.unique(comm[~hit], return_index=True)
+            sizes = size[np.flatnonzero(~hit)[first]]
+            for c, sz in zip(uniq.tolist(), sizes.tolist(), strict=True):
+                self._add(c, int(sz))
+            pos, hit = self._find(comm)
+        rows_idx = self._sorted_idx[pos]
+        if self._learning:
+            idx = np.unique(rows_idx)
+            learning = np.array([not self.kinds[i] for i in idx.tolist()], dtype=bool)
+            self._learning = bool(learning.any())
+        else:
+            learning = np.zeros(0, dtype=bool)
         if learning.any():
-            sel = learning[inv]
+            sel = np.isin(rows_idx, idx[learning])
             key = np.unique(np.stack([rows_idx[sel], cr[sel], rank[sel],
                                       (op[sel] < SEND).astype(np.int64)], axis=1), axis=0)
             for i, c, r, coll in key.tolist():
                 self.members[i][c] = r
                 if coll:
                     self.p2p_only[i] = False
-            for i in np.unique(idx[learning]).tolist():
+            for i in idx[learning].tolist():
                 if len(self.members[i]) >= self.sizes[i]:
                     self.kinds[i] = infer_comm_kind(self.ranks(i), self.meta, self.p2p_only[i])
+            self._learning = True
         return rows_idx
+
+    def _find(self, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``comm`` values in the sorted communicator ids, and which are known."""
+        if self._sorted is None:
+            ids = np.array(self.ids, dtype=np.uint64)
+            o = np.argsort(ids, kind="stable")
+            self._sorted, self._sorted_idx = ids[o], o.astype(np.int64)
+        if len(self._sorted) == 0:
+            return np.zeros(len(comm), dtype=np.int64), np.zeros(len(comm), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._sorted, comm), len(self._sorted) - 1)
+        return pos, self._sorted[pos] == comm
 
     def snapshot(self) -> dict[str, Any]:
         return {"ids": list(self.ids), "kinds": list(self.kinds),
@@ -207,6 +235,8 @@ class CommRegistry:
         self.sizes = [int(x) for x in state["sizes"]]
         self.p2p_only = [bool(x) for x in state["p2p_only"]]
         self._index = {c: i for i, c in enumerate(self.ids)}
+        self._sorted = None
+        self._learning = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,18 +292,11 @@ class RoundJoiner:
 
     def update(self, coll: pa.Table) -> Rounds:
         n = coll.num_rows
-        rank = coll.column("rank").to_numpy().astype(np.int64)
-        comm = coll.column("comm").to_numpy().astype(np.uint64)
-        cr = coll.column("comm_rank").to_numpy().astype(np.int64)
-        size = coll.column("comm_size").to_numpy().astype(np.int64)
-        seq = coll.column("seq").to_numpy().astype(np.int64)
-        op = pc.index_in(coll.column("op"), value_set=pa.array(events.COLL_OPS))
-        opc = op.to_numpy(zero_copy_only=False).astype(np.int64)
-        nbytes = coll.column("bytes").to_numpy().astype(np.uint64).view(np.int64)
-        peer = coll.column("peer").to_numpy().astype(np.int64)
-        is_enter = pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False)
-        t = coll.column("t").to_numpy()
-        ts_col = pc.fill_null(coll.column("t_start"), NULL_TIME).to_numpy()
+        # decoded once per table for every detector of the job
+        cols = coll_columns(coll)
+        rank, comm, cr, size = cols["rank"], cols["comm"], cols["comm_rank"], cols["comm_size"]
+        seq, opc, nbytes, peer = cols["seq"], cols["op"], cols["bytes"], cols["peer"]
+        is_enter, t, ts_col = cols["is_enter"], cols["t"], cols["t_start"]
         cidx = self.registry.observe(comm, cr, size, rank, opc)
         null = np.full(n, NULL_TIME, dtype=np.int64)
         new = {
@@ -324,7 +347,14 @@ class RoundJoiner:
             allr = new
         if len(allr["rank"]) == 0:
             return allr
-        order, starts = _sorted_groups(allr, ("cidx", "rank", "seq"))
+        key = _pack(allr, ("cidx", "rank", "seq"))
+        if key is None:
+            order, starts = _sorted_groups(allr, ("cidx", "rank", "seq"))
+        else:
+            # the rows of one operation are merged whatever their order: no stable sort
+            order = np.argsort(key)
+            sk = key[order]
+            starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
         first = order[starts]
         out = {c: allr[c][first] for c in _POP if c not in ("te", "tx", "ts", "k")}
         for c in ("te", "tx", "ts", "k"):
@@ -335,13 +365,13 @@ class RoundJoiner:
         valid = (ops["te"] != NULL_TIME) & (ops["tx"] != NULL_TIME)
         is_p2p = (ops["op"] == SEND) | (ops["op"] == RECV)
         done = np.zeros(len(valid), dtype=bool)
-        parts: list[Rounds] = []
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, members per round)
+        n_p2p = 0
         # collectives: all comm_size members have entered and ended
         c = np.flatnonzero(~is_p2p)
         if len(c):
             sub = {k: ops[k][c] for k in ("cidx", "seq", "rank")}
-            o, _ = _sorted_groups(sub, ("cidx", "seq", "rank"))
-            order = c[o]
+            order = c[_order_unique(sub, ("cidx", "seq", "rank"))]
             starts = _group_starts(ops["cidx"][order], ops["seq"][order])
             nvalid = np.add.reduceat(valid[order].astype(np.int64), starts)
             nrows = np.diff(np.append(starts, len(order)))
@@ -350,8 +380,7 @@ class RoundJoiner:
             rows = order[sel_rows]
             done[rows] = True
             if len(rows):
-                gid = np.repeat(np.arange(ok.sum()), nrows[ok])
-                parts.append(self._rounds(ops, rows, gid, p2p=False))
+                parts.append((rows, nrows[ok]))
         # point-to-point: the k-th send a->b with the k-th recv on b from a
         p = np.flatnonzero(is_p2p & (ops["k"] >= 0))
         if len(p):
@@ -359,7 +388,7 @@ class RoundJoiner:
             dst = np.where(ops["op"][p] == SEND, ops["peer"][p], ops["cr"][p])
             sub = {"cidx": ops["cidx"][p], "src": src, "dst": dst, "k": ops["k"][p],
                    "op": ops["op"][p]}
-            order, _ = _sorted_groups(sub, ("cidx", "src", "dst", "k", "op"))
+            order = _order_unique(sub, ("cidx", "src", "dst", "k", "op"))
             q = p[order]
             src, dst = src[order], dst[order]
             starts = _group_starts(ops["cidx"][q], src, dst, ops["k"][q])
@@ -370,20 +399,30 @@ class RoundJoiner:
             rows = q[np.repeat(ok, nrows)]
             done[rows] = True
             if len(rows):
-                gid = np.repeat(np.arange(ok.sum()), nrows[ok])
-                parts.append(self._rounds(ops, rows, gid, p2p=True))
+                parts.append((rows, nrows[ok]))
+                n_p2p = int(ok.sum())
         keep = ~done
         if self.max_age_ns and now:
             last = np.maximum(ops["te"], ops["tx"])
             keep &= last >= now - self.max_age_ns
         self.pending = {c: v[keep] for c, v in ops.items()}
-        return _concat_rounds(parts)
+        if not parts:
+            return _concat_rounds([])
+        # collectives first, then point-to-point rounds: one pass over both
+        rows = np.concatenate([r for r, _ in parts])
+        sizes = np.concatenate([z for _, z in parts])
+        gid = np.repeat(np.arange(len(sizes)), sizes)
+        is_p2p_round = np.zeros(len(sizes), dtype=bool)
+        if n_p2p:
+            is_p2p_round[len(sizes) - n_p2p:] = True
+        return self._rounds(ops, rows, gid, is_p2p_round)
 
     @staticmethod
     def _rounds(ops: dict[str, np.ndarray], rows: np.ndarray, gid: np.ndarray,
-                p2p: bool) -> Rounds:
-        """Round statistics; ``rows`` grouped contiguously by ``gid``. For p2p the send
-        sorts before the recv (op code order)."""
+                p2p: np.ndarray) -> Rounds:
+        """Round statistics; ``rows`` grouped contiguously by ``gid`` (increasing);
+        ``p2p`` per round. In a point-to-point round the send sorts before the recv (op
+        code order)."""
         te, tx, ts = ops["te"][rows], ops["tx"][rows], ops["ts"][rows]
         rank = ops["rank"][rows]
         dur = tx - te
@@ -394,7 +433,8 @@ class RoundJoiner:
         # the member with the shortest duration entered last (clock-robust); rows of a
         # round are in rank order (collectives), so the first shortest is the lowest rank
         is_min = np.flatnonzero(dur == np.repeat(dmin, counts))
-        _, firsts = np.unique(gid[is_min], return_index=True)
+        g = gid[is_min]
+        firsts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
         last_rank = rank[is_min[firsts]]
         # a transfer start is usable when it lies between the member's enter and end (same
         # host clock); some sources write 0 or another clock's time when they do not know it
@@ -406,13 +446,11 @@ class RoundJoiner:
         transfer = np.where(n_ts > 0, np.rint(sum_ts / np.maximum(n_ts, 1)),
                             dmin.astype(np.float64))
         first = rows[starts]
-        if p2p:
-            # the send sorts first (op code order): its seq, bytes and rank name the round
-            group = (rank[starts] << 32) | rank[starts + 1]
-            op = np.full(len(starts), SEND, dtype=np.int64)
-        else:
-            group = np.full(len(starts), -1, dtype=np.int64)
-            op = ops["op"][first]
+        # point-to-point: the send sorts first (op code order): its seq, bytes and rank name
+        # the round, the pair of ranks its group
+        second = np.minimum(starts + 1, len(rank) - 1)
+        group = np.where(p2p, (rank[starts] << 32) | rank[second], -1)
+        op = np.where(p2p, SEND, ops["op"][first])
         wait = dur - np.repeat(dmin, counts)
         return Rounds(
             cidx=ops["cidx"][first], comm=ops["comm"][first], seq=ops["seq"][first], op=op,
@@ -433,6 +471,15 @@ class RoundJoiner:
         self.pending["comm"] = self.pending["comm"].view(np.uint64)
         self.p2p_keys = np.array(state["p2p_keys"], dtype=np.int64)
         self.p2p_counts = np.array(state["p2p_counts"], dtype=np.int64)
+
+
+def _order_unique(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray:
+    """The order sorting rows by the ``by`` columns when they identify each row (so any
+    sort gives the stable sort's order): one unstable sort of the packed key."""
+    key = _pack(cols, by) if len(cols[by[0]]) else None
+    if key is None:
+        return _sorted_groups(cols, by)[0]
+    return np.argsort(key)
 
 
 def _concat_rounds(parts: list[Rounds]) -> Rounds:
@@ -462,7 +509,7 @@ def rounds_table(job: str, r: Rounds) -> pa.Table:
     n = len(r)
     ops = pa.array(events.COLL_OPS)
     return pa.Table.from_arrays([
-        pa.array([job] * n, pa.string()),
+        pa.repeat(pa.scalar(job, pa.string()), n),
         pa.array(r.comm, pa.uint64()),
         pa.array(r.seq.astype(np.uint64), pa.uint64()),
         pc.take(ops, pa.array(r.op.astype(np.int32))),
@@ -475,6 +522,62 @@ def rounds_table(job: str, r: Rounds) -> pa.Table:
         pa.array(r.dmax, pa.int64()),
         pa.array(r.dmin, pa.int64()),
     ], schema=results.SCHEMAS["rounds"])
+
+
+# ---------------------------------------------------------------------------------------------
+# dense ids
+
+
+class _KeyIndex:
+    """Dense ids ``0, 1, ...`` for int64 keys, in the order keys are first seen (new keys of
+    one call in ascending order): a sorted key array, so a batch is looked up with one
+    binary search per row and no per-key Python."""
+
+    def __init__(self, pairs: Sequence[tuple[int, int]] = ()) -> None:
+        self.keys = np.zeros(0, dtype=np.int64)  # sorted
+        self.ids = np.zeros(0, dtype=np.int64)
+        if pairs:
+            arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+            o = np.argsort(arr[:, 0], kind="stable")
+            self.keys, self.ids = arr[o, 0], arr[o, 1]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _find(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.keys) == 0:
+            return np.zeros(len(k), dtype=np.int64), np.zeros(len(k), dtype=bool)
+        pos = np.minimum(np.searchsorted(self.keys, k), len(self.keys) - 1)
+        return pos, self.keys[pos] == k
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The id of every key, registering the new ones."""
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        pos, hit = self._find(k)
+        if not hit.all():
+            new = np.unique(k[~hit])
+            keys_all = np.concatenate([self.keys, new])
+            ids_all = np.concatenate([self.ids, len(self.keys) + np.arange(len(new))])
+            o = np.argsort(keys_all, kind="stable")
+            self.keys, self.ids = keys_all[o], ids_all[o]
+            pos, hit = self._find(k)
+        return self.ids[pos]
+
+    def get(self, key: int) -> int | None:
+        pos, hit = self._find(np.array([key], dtype=np.int64))
+        return int(self.ids[pos[0]]) if hit[0] else None
+
+    def pairs(self) -> list[list[int]]:
+        """``[key, id]`` pairs in id order."""
+        o = np.argsort(self.ids, kind="stable")
+        return [[int(a), int(b)] for a, b in zip(self.keys[o].tolist(), self.ids[o].tolist(),
+                                                  strict=True)]
+
+    def key_of(self) -> np.ndarray:
+        """The key of every id (indexed by id)."""
+        out = np.zeros(len(self.keys), dtype=np.int64)
+        out[self.ids] = self.keys
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,6 +601,9 @@ class BinTable:
         self._data: dict[str, np.ndarray] = {}
         self._chunks: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
+        # query results by (lo, hi, by): a window no later row falls into is summed once
+        # (the reference window of an anomaly is asked for at every iteration)
+        self._cache: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}
         self.clear()
         self._compacted = 0
 
@@ -505,6 +611,8 @@ class BinTable:
         self._data = {k: np.zeros(0, dtype=np.int64) for k in ("bin", *self.keys)}
         self._data.update({f: np.zeros(0) for f in self.floats})
         self._chunks, self._pending_rows = [], 0
+        self._cache = {}
+        self._chunk_low = 2**62  # the least bin of the pending chunks
 
     @property
     def data(self) -> dict[str, np.ndarray]:
@@ -521,6 +629,10 @@ class BinTable:
         pending beyond twice the compacted size), so a batch costs no sort."""
         if len(cols["bin"]) == 0:
             return
+        low = int(cols["bin"].min())
+        if self._cache:
+            self._cache = {k: v for k, v in self._cache.items() if k[1] <= low}
+        self._chunk_low = min(self._chunk_low, low)
         self._chunks.append({k: cols[k] for k in self._names})
         self._pending_rows += len(cols["bin"])
         if self._pending_rows > 2 * self._compacted + 65536:
@@ -531,9 +643,11 @@ class BinTable:
         allr = {k: np.concatenate([p[k] for p in parts]) for k in self._names}
         self._data = _aggregate(allr, ("bin", *self.keys), self.sums, self.arg, self.carried)
         self._chunks, self._pending_rows = [], 0
+        self._chunk_low = 2**62
         self._compacted = len(self._data["bin"])
 
     def rebin(self, delta: int) -> None:
+        self._cache = {}
         if delta > 0:
             self.compact()
             self._data["bin"] = self._data["bin"] >> delta
@@ -541,10 +655,13 @@ class BinTable:
 
     def prune(self, min_bin: int) -> None:
         """Drop the rows of bins before ``min_bin``."""
+        self._cache = {k: v for k, v in self._cache.items() if k[0] >= min_bin}
         cut = int(np.searchsorted(self._data["bin"], min_bin, side="left"))
         if cut:
             self._data = {k: v[cut:] for k, v in self._data.items()}
             self._compacted = len(self._data["bin"])
+        if min_bin <= self._chunk_low:
+            return  # no pending row is that old
         kept = []
         for ch in self._chunks:
             keep = ch["bin"] >= min_bin
@@ -554,6 +671,7 @@ class BinTable:
                 kept.append({k: v[keep] for k, v in ch.items()})
         self._chunks = kept
         self._pending_rows = sum(len(ch["bin"]) for ch in kept)
+        self._chunk_low = min((int(ch["bin"].min()) for ch in kept), default=2**62)
 
     def window(self, lo: int, hi: int) -> dict[str, np.ndarray]:
         """The raw rows with ``lo <= bin < hi`` (not summed)."""
@@ -569,8 +687,16 @@ class BinTable:
         return {k: np.concatenate([p[k] for p in parts]) for k in self._names}
 
     def query(self, lo: int, hi: int, by: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """Rows with ``lo <= bin < hi`` summed by the ``by`` keys."""
-        return _aggregate(self.window(lo, hi), by, self.sums, self.arg, self.carried)
+        """Rows with ``lo <= bin < hi`` summed by the ``by`` keys (the caller must not
+        modify the arrays: results are cached until a row falls into the window)."""
+        key = (lo, hi, by)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._cache[key] = _aggregate(self.window(lo, hi), by, self.sums, self.arg,
+                                                self.carried)
+            if len(self._cache) > 64:
+                del self._cache[next(iter(self._cache))]
+        return hit
 
     def snapshot(self) -> dict[str, Any]:
         return {k: v.tolist() for k, v in self.data.items()}
@@ -579,7 +705,9 @@ class BinTable:
         self._data = {k: np.array(state[k], dtype=np.float64 if k in self.floats else np.int64)
                       for k in self._names}
         self._chunks, self._pending_rows = [], 0
+        self._chunk_low = 2**62
         self._compacted = len(self._data["bin"])
+        self._cache = {}
 
 
 def _aggregate(cols: dict[str, np.ndarray], by: tuple[str, ...], sums: tuple[str, ...],
@@ -600,9 +728,26 @@ def _aggregate(cols: dict[str, np.ndarray], by: tuple[str, ...], sums: tuple[str
         srt = {k: cols[k][order] for k in by}
         starts = _group_starts(*[srt[k] for k in by])
     else:
-        order = np.lexsort((-cols[arg], key)) if arg else np.argsort(key, kind="stable")
+        order = np.argsort(key, kind="stable")
         sk = key[order]
         starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+        if arg:
+            # per key the first row (in input order) with the largest ``arg``: the row a
+            # stable sort by (key, -arg) puts first
+            v = cols[arg][order]
+            mx = np.maximum.reduceat(v, starts)
+            counts = np.diff(np.append(starts, len(order)))
+            at = np.flatnonzero(v == np.repeat(mx, counts))
+            grp = np.searchsorted(starts, at, side="right") - 1
+            keep = np.concatenate(([True], grp[1:] != grp[:-1]))
+            best = order[at[keep]]
+            out = {k: cols[k][order[starts]] for k in by}
+            for f in sums:
+                out[f] = np.add.reduceat(cols[f][order].astype(np.float64, copy=False), starts)
+            out[arg] = cols[arg][best].astype(np.float64)
+            for f in carried:
+                out[f] = cols[f][best].astype(np.float64)
+            return out
     first = order[starts]
     out = {k: cols[k][first] for k in by}
     for f in sums:
@@ -686,7 +831,7 @@ class CCLDMonitor:
 
     def __init__(self, config: SlowdownConfig) -> None:
         self.config = config
-        self.keys: dict[int, int] = {}  # class key -> dense index
+        self.keys = _KeyIndex()  # class key -> dense index
         self.n = np.zeros(0)  # rounds in the baseline so far
         m = config.baseline_rounds
         # the baseline rounds themselves (end time, T_max, range), so a baseline still being
@@ -703,15 +848,9 @@ class CCLDMonitor:
         self.alarms: list[dict[str, Any]] = []
 
     def _dense(self, keys: np.ndarray) -> np.ndarray:
-        uniq, inv = np.unique(keys, return_inverse=True)
-        idx = np.empty(len(uniq), dtype=np.int64)
-        grow = 0
-        for j, k in enumerate(uniq.tolist()):
-            d = self.keys.get(k)
-            if d is None:
-                d = self.keys[k] = len(self.keys)
-                grow += 1
-            idx[j] = d
+        before = len(self.keys)
+        idx = self.keys.lookup(keys)
+        grow = len(self.keys) - before
         if grow:
             m = self.config.baseline_rounds
             self.n = np.concatenate([self.n, np.zeros(grow)])
@@ -720,7 +859,7 @@ class CCLDMonitor:
             self.b_range = np.concatenate([self.b_range, np.zeros((grow, m))])
             self.first_t = np.concatenate([self.first_t, np.zeros(grow, dtype=np.int64)])
             self.frozen = np.concatenate([self.frozen, np.zeros(grow, dtype=bool)])
-        return idx[inv.reshape(-1)]
+        return idx
 
     def update(self, key: np.ndarray, t_end: np.ndarray, dmax: np.ndarray, dmin: np.ndarray
                ) -> None:
@@ -788,11 +927,11 @@ class CCLDMonitor:
         rows = self.windows.query(self.closed + 1, last + 1, ("bin", "key"))
         self.windows.prune(last + 1)
         self.closed = last
-        inv = {v: k for k, v in self.keys.items()}
+        inv = self.keys.key_of()
         out = []
         for b, d, tmax, tmin in zip(rows["bin"].tolist(), rows["key"].tolist(),
                                     rows["tmax"].tolist(), rows["tmin"].tolist(), strict=True):
-            t_base, skew = self.base(inv[d], until=now_ns)
+            t_base, skew = self.base(int(inv[d]), until=now_ns)
             if not t_base:
                 continue
             r_val, p_val = ccld_ratios(t_base, np.array([tmax]), np.array([tmin]), skew)
@@ -809,7 +948,7 @@ class CCLDMonitor:
             if r_val > theta:
                 self.run[d] = self.run.get(d, 0) + 1
                 if self.run[d] == c.ccld_repeat:
-                    out.append({"key": inv[d], "window": int(b), "R": r_val, "P": p_val,
+                    out.append({"key": int(inv[d]), "window": int(b), "R": r_val, "P": p_val,
                                 "theta": round(theta, 4), "t_ns": int((b + 1) * w_ns)})
             else:
                 self.run[d] = 0
@@ -819,7 +958,7 @@ class CCLDMonitor:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"keys": [[k, v] for k, v in self.keys.items()], "n": self.n.tolist(),
+        return {"keys": self.keys.pairs(), "n": self.n.tolist(),
                 "b_t": self.b_t.tolist(), "b_max": self.b_max.tolist(),
                 "b_range": self.b_range.tolist(),
                 "first_t": self.first_t.tolist(), "frozen": self.frozen.tolist(),
@@ -828,7 +967,7 @@ class CCLDMonitor:
                 "run": [[k, v] for k, v in self.run.items()], "alarms": self.alarms}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.keys = {int(k): int(v) for k, v in state["keys"]}
+        self.keys = _KeyIndex([(int(k), int(v)) for k, v in state["keys"]])
         self.n = np.array(state["n"], dtype=np.float64)
         m = self.config.baseline_rounds
         self.b_t = np.array(state["b_t"], dtype=np.int64).reshape(-1, m)
@@ -895,7 +1034,7 @@ class GapTracker:
             return z, z, z, z
         self._grow(int(rank.max()) + 1)
         # by rank, then time, ends before enters at equal times
-        order = rank_time_order(rank, t, is_enter.astype(np.int64))
+        order = _rank_time_order(rank, t, is_enter)
         r, tt, en = rank[order], t[order], is_enter[order]
         kind = p2p[order] if p2p is not None else np.zeros(len(r), dtype=np.int64)
         n = len(r)
@@ -1177,8 +1316,9 @@ class _WaitGraph:
 class SlowdownConfig:
     """Settings of :class:`SlowdownDetector`."""
 
-    # the verification's sign test at 1%: an onset is opened only once its root persists
-    # over the slow iterations, which rejects the bursts of pauses a 1% test lets through
+    # the verification's sign test at 1% (the series alone uses 0.1%): a level becomes an
+    # anomaly only once a root persists over its slow iterations beyond chance
+    # (_persistent), which rejects the bursts of pauses and jitter such a test lets through
     change: ChangeConfig = field(default_factory=lambda: ChangeConfig(alpha=0.01))
     # CCL-D §4.2.1
     baseline_rounds: int = 100  # T_base: mean T_max of the first m rounds ...
@@ -1195,6 +1335,7 @@ class SlowdownConfig:
     # Greyhound §4.3 cross-group comparison and link localization
     transfer_threshold: float = 0.10  # a group's transfer time vs its own baseline
     group_threshold: float = 0.10  # ... and vs the median of its comparable cluster
+    noise_z: float = 3.0  # ... and by this many of its own noise (robust sigmas)
     link_threshold: float = 0.30  # a queue pair's in-flight time per work request grew by
     link_min_wrs: int = 64  # MEGATRACE's window: work requests needed in each window
     # localization
@@ -1214,6 +1355,11 @@ class SlowdownConfig:
     localize_retries: int = 12  # iterations to wait for a persistent root before dropping
     min_window_iterations: float = 1.0  # the anomaly window before a localization counts
     consistency: float = 0.6  # share of the slow iterations whose own root must agree
+    severe_iterations: float = 2.0  # a first slow iteration this many reference iterations
+    #                                 long is judged by its two halves (_persistent_within)
+    persist_alpha: float = 0.2  # a persistent root's stretch arises by chance (any rank of
+    #                             the job, each iteration naming its roots at random) at most
+    #                             this often
     refine_iterations: int = 8  # an open anomaly's root may be refined this long
     bin_shift: int = 24  # initial bin width 2^24 ns (17 ms); coarsened to ~1/8 iteration
     max_pending_age_s: float = 600.0  # incomplete rounds older than this are dropped
@@ -1308,8 +1454,8 @@ class SlowdownDetector:
         self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
         # framework spans, when a source has them: compute time per rank and pass
         self.spans = BinTable(("rank", "op"), ("d", "n"))
-        self.classes: dict[tuple[int, int], int] = {}  # (op, bytes) -> class index
-        self.group_ids: dict[int, int] = {-1: 0}  # point-to-point pair -> small id
+        self.classes = _KeyIndex()  # bytes << 4 | op -> class index
+        self.group_ids = _KeyIndex([(-1, 0)])  # point-to-point pair -> small id
         self.change = ChangeTracker(self.config.change)
         self.iters: list[list[int]] = []  # pushed job iterations: [idx, t_start, duration]
         self.iter_offset = 0  # position of iters[0] in the change tracker's stream
@@ -1320,16 +1466,19 @@ class SlowdownDetector:
         self.next_id = 0
         self.levels: list[_Open] = []  # aligned with the change tracker's slow levels
         self.evidence: dict[str, Any] = {}  # the latest localization's evidence (debugging)
-        self.last_rounds: pa.Table = results.empty("rounds")
+        # per-group transfer noise of the latest reference window (see _transfer_noise)
+        self._noise: tuple[Any, ...] = (None,)
+        self._no_rounds = results.empty("rounds")
+        self.last_rounds: pa.Table = self._no_rounds
         self.last_iterations: pa.Table = results.empty("iterations")
 
     # ------------------------------------------------------------------ protocol
 
     def update(self, batch: EventBatch, iterations: pa.Table | None = None) -> list[Anomaly]:
         coll = batch.get("coll")
-        self.last_rounds = results.empty("rounds")
+        self.last_rounds = self._no_rounds
         if coll is not None and coll.num_rows:
-            self.max_t = max(self.max_t, int(pc.max(coll.column("t")).as_py()))
+            self.max_t = max(self.max_t, int(coll_columns(coll)["t"].max()))
             rounds = self.joiner.update(coll)
             if len(rounds):
                 self._account(rounds)
@@ -1379,21 +1528,21 @@ class SlowdownDetector:
     def _ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """One int64 per round class: communicator, point-to-point pair (0 for a
         collective) and (op, bytes) class."""
-        uniq, inv = np.unique(np.asarray(group, dtype=np.int64), return_inverse=True)
-        gid = np.empty(len(uniq), dtype=np.int64)
-        for j, g in enumerate(uniq.tolist()):
-            gid[j] = self.group_ids.setdefault(int(g), len(self.group_ids))
-        return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid[inv.reshape(-1)] << 20)
+        gid = self.group_ids.lookup(np.asarray(group, dtype=np.int64))
+        return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid << 20)
                 | np.asarray(cls, dtype=np.int64))
 
     def _account_gaps(self, coll: pa.Table) -> None:
         c = coll_columns(coll)
         op, peer, cr = c["op"], c["peer"], c["comm_rank"]
         kind = np.zeros(len(op), dtype=np.int64)
-        kind[(op == RECV) & (peer < cr)] = 1
-        kind[(op == RECV) & (peer > cr)] = 2
-        kind[(op == SEND) & (peer > cr)] = 3
-        kind[(op == SEND) & (peer < cr)] = 4
+        p = np.flatnonzero((op == SEND) | (op == RECV))
+        if len(p):
+            recv, pp, cc = op[p] == RECV, peer[p], cr[p]
+            # 1 recv from the previous stage, 2 from the next, 3 send to the next, 4 to the
+            # previous (0: a peer equal to oneself)
+            kind[p] = np.where(recv, np.where(pp < cc, 1, np.where(pp > cc, 2, 0)),
+                               np.where(pp > cc, 3, np.where(pp < cc, 4, 0)))
         r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind)
         if len(r):
             d = gap.astype(np.float64)
@@ -1438,12 +1587,7 @@ class SlowdownDetector:
                         "n": np.ones(int(keep.sum()))})
 
     def _classes(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        key = (nbytes.astype(np.int64) << 4) | op.astype(np.int64)
-        uniq, inv = np.unique(key, return_inverse=True)
-        idx = np.empty(len(uniq), dtype=np.int64)
-        for j, k in enumerate(uniq.tolist()):
-            idx[j] = self.classes.setdefault((k & 0xF, k >> 4), len(self.classes))
-        return idx[inv.reshape(-1)]
+        return self.classes.lookup((nbytes.astype(np.int64) << 4) | op.astype(np.int64))
 
     def _kinds_of(self, cidx: np.ndarray) -> np.ndarray:
         uniq, inv = np.unique(cidx, return_inverse=True)
@@ -1590,6 +1734,10 @@ class SlowdownDetector:
             # CCL-D §4.2.2: the root's rounds lost time in transfer, not in its late
             # arrival; without gap evidence of its own compute this is no compute slow-down
             return []
+        if loc["cause"] == "communication" and loc.get("P") is not None and loc["P"] > c.beta:
+            # the mirror case: the slow group's rounds lost their time to a late arrival,
+            # not to the transfer (CCL-D: P > beta is computation): no slow link
+            return []
         depth = self.levels.index(op)
         if depth > 0 and self._same(self.levels[depth - 1], loc):
             # the open anomaly grew worse: one fault, one anomaly
@@ -1638,15 +1786,24 @@ class SlowdownDetector:
             a += 1
         k = len(op.per_iter)
 
-        def stretch(member: list[bool]) -> int | None:
-            """Earliest start of a persistent trailing stretch (None: none)."""
+        # the chance that a given rank is among an iteration's compute roots by accident:
+        # the share of the ranks that iteration named (noise names many ranks at once)
+        world = max(self.meta.world_size, 1)
+        chance = [min(len(sig[2]) / world, 1.0) if sig else 0.0 for sig in op.per_iter]
+
+        def stretch(member: list[bool], by_chance: bool = False) -> int | None:
+            """Earliest start of a persistent trailing stretch (None: none). With
+            ``by_chance``, the stretch must also be unlikely to arise by accident for any
+            rank (:func:`_persistence_chance`)."""
             for s0 in range(k if max_start is None else min(k, max_start + 1)):
                 if not member[s0]:
                     continue
                 hits = sum(member[s0:])
                 # a root that appears only well after the onset needs one more iteration
                 need = 2 if s0 <= 1 else 3
-                if hits >= need and hits - 1 >= c.consistency * max(k - s0 - 1, 1):
+                if hits >= need and hits - 1 >= c.consistency * max(k - s0 - 1, 1) and (
+                        not by_chance or world * _persistence_chance(chance[s0:], hits)
+                        <= c.persist_alpha):
                     return s0
             return None
 
@@ -1654,7 +1811,7 @@ class SlowdownDetector:
         roots: list[tuple[int, int]] = []  # (start, rank)
         cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
         for r in cands:
-            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter])
+            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter], by_chance=True)
             if st is not None:
                 roots.append((st, r))
                 starts.append(st)
@@ -1669,9 +1826,44 @@ class SlowdownDetector:
         if comm_start is not None:
             starts.append(comm_start)
         if not starts:
+            if k == 1 and max_start is None:
+                return self._persistent_within(op)
             return None
         first = min(starts)
         return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
+
+    def _persistent_within(self, op: _Open) -> tuple[int, bool, list[str], list[int]] | None:
+        """A severe slow-down persists *within* its first slow iteration: when that
+        iteration lasted at least ``severe_iterations`` reference iterations, its two halves
+        are localized on their own and must name the same root (or the same slow link). A
+        pause fills one place of the iteration, a slow component all of it; waiting for a
+        second slow iteration would cost several healthy iterations' time."""
+        c = self.config
+        sig = op.per_iter[0]
+        a = self._pos(op.onset_pos)
+        _, t0, d = self.iters[a]
+        if not sig or d < c.severe_iterations * op.ref_iter_ns:
+            return None
+        full = self._window(op, op.onset_pos, t0 + d)
+        s = self.shift
+        mid = (t0 + d // 2) >> s
+        halves = []
+        for lo, hi in ((full.lo, mid), (mid, full.hi)):
+            if hi - lo < 2:
+                return None
+            win = dataclasses.replace(full, lo=lo, hi=hi, win_ns=float((hi - lo) << s))
+            one = self.localize(win, op, light=True)
+            if not one["confident"]:
+                return None
+            halves.append(one["signature"])
+        if sig[2]:
+            top = sig[2][0]
+            if all(h[2] and h[2][0] == top for h in halves):
+                return 0, False, [], [top]
+            return None
+        if sig[0] and all(h[0] and h[1] == sig[1] for h in halves):
+            return 0, True, list(sig[1]), []
+        return None
 
     def _refine(self, op: _Open) -> list[Anomaly]:
         """An open anomaly (the top level) whose later iterations add persistent evidence
@@ -1718,11 +1910,21 @@ class SlowdownDetector:
                 if not self.levels:
                     # never confirmed: its values stay in the healthy segment (as a reject)
                     self.change.seg_start = op.seg_before
+                # the stretch was judged (no persistent root) and is over: a new onset must
+                # be new evidence, not the same transient burst proposed again
+                self.change.min_start = max(self.change.min_start, int(ch.index))
                 continue
             a, b = self._pos(op.onset_pos), self._pos(ch.index)
             durs = [d for _, _, d in self.iters[a:max(b, a + 1)]]
             if durs and op.healthy_ns > 0:
                 op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
+            if op.anomaly.get("cause") != "communication" and op.anomaly.get("ranks") and \
+                    "gpu" not in op.anomaly:
+                # GPU samples are sparse: look at the whole anomaly once it is over
+                gpu = self._gpu_evidence(list(op.anomaly["ranks"]),
+                                         self._window(op, op.onset_pos + op.first, int(t_end)))
+                if gpu:
+                    op.anomaly["gpu"] = gpu
             op.anomaly["end_ns"] = max(int(t_end), int(op.anomaly["start_ns"]) + 1)
             out.append(self._anomaly(op.anomaly))
         return out
@@ -1799,16 +2001,21 @@ class SlowdownDetector:
             else:
                 out["comm"] = out["comm_kind"] = None
             out["stage"] = self._compute_stage(ranks, win)
-        r_val, p_val = self._rp(rp_cidx, win, link if cause != "compute" else ranks[:1]) \
+        rp_win = win
+        if op is not None:
+            out["start_ns"] = self._refine_start(op, win, slow, ranks if cause !=
+                                                 "communication" else [])
+            # R and P over the rounds from the anomaly's start on: rounds of the onset
+            # iteration that ended before it are healthy and would dilute both
+            rp_win = dataclasses.replace(win, lo=min(max(win.lo, out["start_ns"] >> self.shift),
+                                                     win.hi - 1))
+        r_val, p_val = self._rp(rp_cidx, rp_win, link if cause != "compute" else ranks[:1]) \
             if rp_cidx >= 0 else (None, None)
         out["R"], out["P"] = r_val, p_val
         if cause != "communication" and ranks:
             gpu = self._gpu_evidence(ranks, win)
             if gpu:
                 out["gpu"] = gpu
-        if op is not None:
-            out["start_ns"] = self._refine_start(op, win, slow, ranks if cause !=
-                                                 "communication" else [])
         return out
 
     def _excess(self, table: BinTable, value: str, by: tuple[str, ...], win: _Window
@@ -1933,8 +2140,11 @@ class SlowdownDetector:
             med_own[sel] = np.median(own[sel])
         cross = w_mean / np.maximum(med, 1.0)
         impact = (w_mean - b_mean) * w["n"] / win.win_ns
+        # a group is slower than its own baseline by more than 10% and by more than its
+        # own noise (the spread of its transfer times over the reference window)
+        limit = 1 + np.maximum(c.transfer_threshold, self._transfer_noise(win, wk, w["n"]))
         everyone = med_own > 1 + c.transfer_threshold
-        ok = ((b_n > 0) & (own > 1 + c.transfer_threshold)
+        ok = ((b_n > 0) & (own > limit)
               & ((cross > 1 + c.group_threshold) | (csize < 3) | everyone))
         # a group matters when its extra transfer time is a share of the lost time; a
         # cluster slowed as a whole matters by its summed impact
@@ -1954,6 +2164,45 @@ class SlowdownDetector:
                         "ranks": [int(x) for x in ranks], "ratio": float(own[j]),
                         "cross": float(cross[j]), "impact": float(impact[j])})
         return out
+
+    def _transfer_noise(self, win: _Window, keys: np.ndarray, n_win: np.ndarray
+                        ) -> np.ndarray:
+        """Per group (``keys`` as in :meth:`_slow_groups`, ``n_win`` its rounds in the
+        window): ``noise_z`` times the relative noise of its mean transfer time over
+        ``n_win`` rounds, from the robust spread of its per-bin means in the reference
+        window (Greyhound §4.2's jitter, per group: a fabric whose transfers jitter by 15%
+        makes single slow iterations of a ring, and those are no slow link). 0 where the
+        reference has fewer than 3 bins of the group."""
+        c = self.config
+        by = ("cidx", "group", "cls")
+        b = self.grp.query(win.b_lo, win.b_hi, ("bin", *by))
+        if len(b["bin"]) == 0:
+            return np.zeros(len(keys))
+        if self._noise[0] is not b:  # the reference's sums changed (or another window)
+            self._noise = (b, *self._group_noise(b))
+        _, uk, sigma, per_bin = self._noise
+        sig = _lookup(keys, uk, sigma)
+        rounds = _lookup(keys, uk, per_bin)
+        return c.noise_z * sig * np.sqrt(np.maximum(rounds, 1.0) / np.maximum(n_win, 1.0))
+
+    @staticmethod
+    def _group_noise(b: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group of the per-bin rows ``b``: its key, the robust relative spread of its
+        per-bin mean transfer times (0 with fewer than 3 bins) and its rounds per bin."""
+        k = (b["cidx"] << 40) ^ (b["group"] * 1_000_003) ^ b["cls"]
+        m = b["xfer"] / np.maximum(b["n"], 1)
+        order = np.lexsort((m, k))
+        k, m, nb = k[order], m[order], b["n"][order]
+        starts = _group_starts(k)
+        cnt = np.diff(np.append(starts, len(k)))
+        med = 0.5 * (m[starts + (cnt - 1) // 2] + m[starts + cnt // 2])
+        dev = np.abs(m - np.repeat(med, cnt))
+        o2 = np.lexsort((dev, np.repeat(np.arange(len(starts)), cnt)))
+        dev = dev[o2]
+        mad = 0.5 * (dev[starts + (cnt - 1) // 2] + dev[starts + cnt // 2])
+        per_bin = np.add.reduceat(nb, starts) / cnt  # rounds per bin
+        sigma = np.where(cnt >= 3, 1.4826 * mad / np.maximum(med, 1.0), 0.0)
+        return k[starts], sigma, per_bin
 
     def _link_occupancy(self, win: _Window, pairs: list[tuple[str, str]]
                         ) -> dict[tuple[str, str], float]:
@@ -2179,6 +2428,7 @@ class SlowdownDetector:
         compute straggler, near 0 for a slow link."""
         w = self.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
         rows = np.flatnonzero(w["cidx"] == cidx)
+        onset_ns = win.b_hi << self.shift
         if ranks and len(rows):
             g = w["group"][rows]
             mine = (g >= 0) & (np.isin(g >> 32, ranks) | np.isin(g & 0xFFFFFFFF, ranks))
@@ -2190,7 +2440,10 @@ class SlowdownDetector:
         for j in rows.tolist():
             key = int(self._ccld_key(np.array([cidx]), np.array([w["group"][j]]),
                                      np.array([w["cls"][j]]))[0])
-            t_base, skew = self.ccld.base(key, until=self.horizon)
+            # T_base from the class's baseline rounds before the anomaly: in a job that
+            # has not yet completed its m baseline rounds when the anomaly begins, the slow
+            # rounds would otherwise enter the baseline they are compared with
+            t_base, skew = self.ccld.base(key, until=onset_ns)
             n = float(w["n"][j])
             if not t_base or n <= 0:
                 continue
@@ -2251,8 +2504,8 @@ class SlowdownDetector:
             "gaps": self.gaps.snapshot(), "links": self.links.snapshot(),
             "ccld": self.ccld.snapshot(), "shift": self.shift,
             "tables": {name: getattr(self, name).snapshot() for name in _TABLES},
-            "classes": [[o, b, i] for (o, b), i in self.classes.items()],
-            "group_ids": [[g, i] for g, i in self.group_ids.items()],
+            "classes": [[k & 0xF, k >> 4, i] for k, i in self.classes.pairs()],
+            "group_ids": self.group_ids.pairs(),
             "change": self.change.snapshot(), "iters": [list(x) for x in self.iters],
             "iter_offset": self.iter_offset, "base_iter_ns": self.base_iter_ns,
             "first_iter_t": self.first_iter_t, "horizon": self.horizon, "max_t": self.max_t,
@@ -2269,8 +2522,9 @@ class SlowdownDetector:
         self.shift = int(state["shift"])
         for name in _TABLES:
             getattr(self, name).restore(state["tables"][name])
-        self.classes = {(int(o), int(b)): int(i) for o, b, i in state["classes"]}
-        self.group_ids = {int(g): int(i) for g, i in state["group_ids"]}
+        self.classes = _KeyIndex([((int(b) << 4) | int(o), int(i))
+                                  for o, b, i in state["classes"]])
+        self.group_ids = _KeyIndex([(int(g), int(i)) for g, i in state["group_ids"]])
         self.change.restore(state["change"])
         self.iters = [[int(a), int(b), int(c)] for a, b, c in state["iters"]]
         self.iter_offset = int(state["iter_offset"])
@@ -2285,6 +2539,21 @@ class SlowdownDetector:
 
 
 _TABLES = ("out_w", "in_w", "grp", "comp", "passes", "qp", "gpu", "spans")
+
+
+def _rank_time_order(rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray) -> np.ndarray:
+    """The order sorting rows by (rank, t, enter after end). Rows in time order (a replay,
+    a time-windowed stream) need only a stable sort by rank: a radix sort when ranks fit 16
+    bits; otherwise, or with ties in time, :func:`~failslow.detectors.iterations.
+    rank_time_order`."""
+    n = len(rank)
+    if n > 1 and int(rank.min()) >= 0 and int(rank.max()) < 2**15 and \
+            bool(np.all(t[1:] >= t[:-1])):
+        order = np.argsort(rank.astype(np.int16), kind="stable")
+        r, tt, x = rank[order], t[order], is_enter[order]
+        if not np.any((r[1:] == r[:-1]) & (tt[1:] == tt[:-1]) & x[:-1] & ~x[1:]):
+            return order
+    return rank_time_order(rank, t, is_enter.astype(np.int64))
 
 
 def _stage_of(fwd: float, bwd: float) -> str | None:
@@ -2306,6 +2575,20 @@ def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarr
     sums = np.add.reduceat(v, starts)
     last = np.append(starts[1:], len(k)) - 1
     return k[starts], sums - v[last]
+
+
+def _persistence_chance(probs: Sequence[float], hits: int) -> float:
+    """Probability that one given rank is among the named roots of at least ``hits`` of
+    the iterations by accident, when iteration ``i`` names each rank with probability
+    ``probs[i]`` (Poisson-binomial upper tail). A fail-slow keeps naming the same one or
+    two ranks; noise (pauses, longer sequences of a whole replica) names many ranks at
+    once, so two iterations that share one of their many roots are no evidence."""
+    dist = np.zeros(len(probs) + 1)
+    dist[0] = 1.0
+    for p in probs:
+        dist[1:] = dist[1:] * (1.0 - p) + dist[:-1] * p
+        dist[0] *= 1.0 - p
+    return float(dist[hits:].sum())
 
 
 def _agree(a: list[Any], b: list[Any]) -> bool:
