@@ -1070,18 +1070,37 @@ class GapTracker:
         ctx_kind = np.where(mine, kind[np.maximum(before, 0)], self.ctx[r, 0])
         # calls since that point-to-point call (excluding it)
         since = np.where(mine, ordinal - before - 1, self.ctx[r, 1] + ordinal - start)
-        # neighbours seen: receives tell where the rank sits in the pipeline
+        # Everything below is known from this row and the rank's earlier rows only, so a
+        # gap gets the same pass however the stream is cut into batches.
+        def latest(mask: np.ndarray, strict: bool) -> np.ndarray:
+            """Per row: position of the latest ``mask`` row of its rank (up to and including
+            it, or strictly before it), -1 when there is none in this batch."""
+            last = np.maximum.accumulate(np.where(mask, ordinal, -1))
+            if strict:
+                last = np.concatenate(([-1], last[:-1]))
+            return np.where(last >= start, last, -1)
+
+        # neighbours seen so far: receives and sends tell where the rank sits in the pipeline
+        has_prev = (self.ctx[r, 4] == 1) | (latest((kind == 1) | (kind == 4), False) >= 0)
+        has_next = (self.ctx[r, 5] == 1) | (latest((kind == 2) | (kind == 3), False) >= 0)
         if is_p.any():
             self.ctx[r[(kind == 1) | (kind == 4)], 4] = 1
             self.ctx[r[(kind == 2) | (kind == 3)], 5] = 1
-        has_prev, has_next = self.ctx[:, 4], self.ctx[:, 5]
-        seg1, seg2 = self.ctx[r, 2], self.ctx[r, 3]
+        # the length of the rank's latest closed segment after a receive of each direction
+        segs = []
+        for k, col in ((1, 2), (2, 3)):
+            closed = latest(is_p & (ctx_kind == k) & (since > 0), True)
+            segs.append(np.where(closed >= 0, since[np.maximum(closed, 0)], self.ctx[r, col]))
+        seg1, seg2 = segs
         out = np.zeros(n, dtype=np.int64)
         c1, c2 = ctx_kind == 1, ctx_kind == 2
-        last_stage = has_next[r] == 0
-        first_stage = has_prev[r] == 0
-        out[c1 & ~last_stage] = PASS_FWD
-        out[c2 & ~first_stage] = PASS_BWD
+        last_stage = ~has_next
+        first_stage = ~has_prev
+        # after a receive the first pass is the forward (from the previous stage) or the
+        # backward (from the next); on the last / first stage, once a segment length is
+        # known, its second half is the other pass
+        out[c1] = PASS_FWD
+        out[c2] = PASS_BWD
         split1 = c1 & last_stage & (seg1 >= 2)
         out[split1] = np.where(2 * since[split1] < seg1[split1], PASS_FWD, PASS_BWD)
         split2 = c2 & first_stage & (seg2 >= 2)

@@ -170,7 +170,8 @@ def test_slowdown_then_hang_reported_apart(tmp_path: Path) -> None:
     assert hang["comm_kind"] == "dp"
 
 
-@pytest.mark.parametrize("name", ["s-compute-2-tp1", "l-pp-3x"])
+@pytest.mark.parametrize("name", ["s-compute-2-tp1", "l-pp-3x", "s-compute-1.2-last",
+                                  "s-compute-1.5-first"])
 def test_diagnosis_does_not_depend_on_batch_width(name: str, tmp_path: Path) -> None:
     """Streaming and offline agree (issue 3, item 10): replaying the same held-out trace
     in batches of 37 ms, 100 ms or 1.3 s of trace time gives the same slow anomaly."""
