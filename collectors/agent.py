@@ -176,11 +176,15 @@ class Agent:
                  node: str | None = None, collectors: Mapping[str, bool] | None = None,
                  degrees: Mapping[str, int] | None = None, microbatches: int = 0,
                  schedule: str = "unknown", remove_dead: bool = True,
-                 sample_period_s: float = 1.0) -> None:
+                 sample_period_s: float = 1.0,
+                 rank_nodes: Mapping[int, str] | None = None) -> None:
         self.sink = sink
         self.ring_dir = Path(ring_dir or os.environ.get("FAILSLOW_RING_DIR", "/dev/shm"))
         self.job_filter = job
         self.node = node or socket.gethostname()
+        #: node names of ranks this agent drains but that run on another (emulated) node, e.g.
+        #: ranks in their own network namespaces; every other rank is on ``node``
+        self.rank_nodes = dict(rank_nodes or {})
         self.degrees = dict(degrees or {})
         self.microbatches = microbatches
         self.schedule = schedule
@@ -226,9 +230,12 @@ class Agent:
             self._rings[p] = _Ring(r, r.info.rank)
             self._nodes.setdefault(r.info.job, {})
             if r.info.rank >= 0:
-                self._nodes[r.info.job][r.info.rank] = self.node
+                self._nodes[r.info.job][r.info.rank] = self._node_of(r.info.rank)
             if r.info.world_size > 0:
                 self._world[r.info.job] = max(self._world.get(r.info.job, 0), r.info.world_size)
+
+    def _node_of(self, rank: int) -> str:
+        return self.rank_nodes.get(rank, self.node)
 
     def _learn_comms(self, job: str, recs: np.ndarray, rank: int) -> None:
         ct = comm_table(recs, rank)
@@ -244,7 +251,7 @@ class Agent:
             info = per.setdefault(int(comm), _CommInfo(kind, int(cs)))
             info.members[int(cr)] = int(r)
             if int(r) >= 0:
-                self._nodes.setdefault(job, {})[int(r)] = self.node
+                self._nodes.setdefault(job, {})[int(r)] = self._node_of(int(r))
             self._meta_dirty.add(job)
 
     def meta(self, job: str) -> JobMeta:
@@ -277,7 +284,7 @@ class Agent:
             if len(recs):
                 job = r.info.job
                 self._learn_comms(job, recs, ring.rank)
-                tables = r.tables(recs, node=self.node)
+                tables = r.tables(recs, node=self._node_of(ring.rank))
                 self._pending.append((job, {k: t for k, t in tables.items() if t.num_rows}))
             if dead and r.pending == 0:
                 self.stats["dropped"] += r.dropped

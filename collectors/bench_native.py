@@ -15,6 +15,14 @@ overhead API interception and WR measurement; CCL-D §5.2: host-driven measureme
 - ``drain_records_per_s``: records per second drained by the Python :class:`RingReader` from a
   full ring (vectorized commit check + bulk copy + release). Floor: 10 million/s.
   ``convert_records_per_s``: records per second through :func:`to_tables` to contract tables.
+- ``agent_cpu_percent`` (issue 7 item 5): CPU use of the node agent (its process's CPU seconds
+  per wall second, in % of one core) while it drains 8 ranks calling ``ncclAllReduce`` 10,000
+  times a second each through the real interposer on the stub libnccl (``drv_nccl paced``; a
+  call writes an ``enter`` and an ``end`` record: 160,000 records/s), converts them to contract
+  tables and publishes them on the embedded transport (Arrow IPC messages) -- the agent of
+  MegaTrace §III-B / CCL-D §5 at a busy node's call rate. With ``agent_records_per_s`` (drained
+  during the window), ``agent_expected_records_per_s`` and ``agent_drops`` (records the rings
+  dropped because the agent fell behind).
 
 :func:`build_native` is also what the tests use to compile the libraries, stubs and drivers.
 """
@@ -39,11 +47,15 @@ import numpy as np
 from failslow.collectors import ring
 
 __all__ = ["BENCHMARKS", "NativeBuildError", "native_dir", "build_native", "build_native_cached",
-           "sanitizer_runtime", "driver_env", "bench_collector"]
+           "sanitizer_runtime", "driver_env", "bench_collector", "measure_agent_cpu"]
 
 #: Call counts of the C benchmark (per run) and of the strace runs.
 CALLS = 200_000
 STRACE_CALLS = 20_000
+#: The agent CPU benchmark: ranks, intercepted calls per second per rank, measured seconds.
+AGENT_RANKS = 8
+AGENT_RATE = 10_000
+AGENT_SECONDS = 4.0
 
 
 class NativeBuildError(RuntimeError):
@@ -248,6 +260,85 @@ def measure_drain(ring_dir: Path, capacity: int = 1 << 18, rounds: int = 8) -> d
             "converted_rows": float(tables["coll"].num_rows)}
 
 
+def _agent_process(ring_dir: str, seconds: float, interval_s: float, conn: Any) -> None:
+    """The agent's process (forked, imports done): drain for ``seconds`` and report its own
+    CPU and wall time."""
+    from failslow.collectors.agent import Agent, TransportSink, run_agent
+    from failslow.stream.transport import InProcessTransport
+
+    try:
+        agent = Agent(TransportSink(InProcessTransport(subscribe=())), ring_dir,
+                      collectors={"gpu": False, "rdma": False}, remove_dead=False)
+        c0, w0 = time.process_time(), time.perf_counter()
+        run_agent(agent, interval_s=interval_s, duration_s=seconds)
+        conn.send({"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0,
+                   "records": agent.stats["records"]})
+    except Exception as e:  # reported by the parent
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+    finally:
+        conn.close()
+
+
+def measure_agent_cpu(build: Path, ring_dir: Path, *, ranks: int = AGENT_RANKS,
+                      rate: int = AGENT_RATE, seconds: float = AGENT_SECONDS,
+                      interval_s: float = 0.1) -> dict[str, Any]:
+    """CPU use of the node agent draining ``ranks`` processes that each make ``rate``
+    intercepted NCCL calls a second (``drv_nccl paced`` through ``libfailslow_nccl.so`` and
+    the stub libnccl/libcudart: two records per call). The agent runs in its own process for
+    ``seconds`` (started once every rank's ring exists; the ranks keep calling past its end);
+    its CPU seconds over wall seconds is ``agent_cpu_percent`` (100 = one core)."""
+    import multiprocessing as mp
+
+    ring_dir.mkdir(parents=True, exist_ok=True)
+    producers = []
+    try:
+        for rank in range(ranks):
+            env = driver_env(build, ring_dir, preload="libfailslow_nccl.so", job="agentbench",
+                             RANK=str(rank), WORLD_SIZE=str(ranks), STUB_CUDA_INLINE="1",
+                             FAILSLOW_RING_CAPACITY=str(1 << 16))
+            producers.append(subprocess.Popen(
+                [str(build / "drv_nccl"), "paced", str(rate), str(seconds + 2.0)], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + 10
+        while len(ring.find_rings(ring_dir)) < ranks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        found = len(ring.find_rings(ring_dir))
+        if found < ranks:
+            raise RuntimeError(f"only {found} of {ranks} rings appeared")
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe(duplex=False)
+        agent = ctx.Process(target=_agent_process, args=(str(ring_dir), seconds, interval_s,
+                                                         child))
+        agent.start()
+        child.close()
+        got: dict[str, Any] = parent.recv() if parent.poll(seconds + 60) else {"error": "timeout"}
+        dropped = 0  # read at once: the ranks go on writing after the agent's window
+        for path in ring.find_rings(ring_dir):
+            with ring.RingReader(path) as r:
+                dropped += r.dropped
+        agent.join(timeout=10)
+        if "error" in got:
+            raise RuntimeError(f"agent: {got['error']}")
+        for p in producers:
+            p.wait(timeout=60)
+    finally:
+        for p in producers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {
+        "agent_cpu_percent": round(100.0 * got["cpu_s"] / got["wall_s"], 2),
+        "agent_cpu_s": round(got["cpu_s"], 3),
+        "agent_wall_s": round(got["wall_s"], 3),
+        "agent_records_per_s": round(got["records"] / got["wall_s"]),
+        "agent_expected_records_per_s": 2 * ranks * rate,
+        "agent_drops": int(dropped),
+        "agent_method": f"{ranks} x drv_nccl paced {rate}/s through libfailslow_nccl.so "
+                        f"(enter + end per call), agent process {seconds:g} s, poll every "
+                        f"{interval_s:g} s, embedded transport",
+    }
+
+
 def bench_collector(args: argparse.Namespace) -> dict[str, Any]:
     """``failslow bench collector``: overhead of the native interposer and the reader's speed."""
     calls = int(getattr(args, "calls", None) or CALLS)
@@ -278,6 +369,10 @@ def bench_collector(args: argparse.Namespace) -> dict[str, Any]:
                                    "with vs without LD_PRELOAD",
                 })
                 figures.update(count_syscalls(build, ring_dir))
+                try:
+                    figures.update(measure_agent_cpu(build, ring_dir / "agent"))
+                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    figures["agent_error"] = str(e).splitlines()[0]
         figures.update({k: round(v) for k, v in measure_drain(ring_dir).items()})
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)

@@ -8,6 +8,13 @@ true, observed by a completion thread), keyed by CCL-D's Trace ID, i.e. the comm
 its per-communicator operation counter ``seq`` (ccl-d.md §5.1). MegaTrace intercepts the
 communication API the same way (megatrace.md §III-B).
 
+gloo's point-to-point work (``isend``/``irecv``) never reports completion before the caller's
+``wait()`` (``is_completed()`` stays false and ``get_future()`` is not implemented), so its
+end would be the time the training loop happens to wait -- not a transfer time at all. Such
+work is waited for by a collector thread per channel (communicator, op, peer: gloo completes
+one channel's operations in order), which stamps the true completion; the caller gets a
+:class:`_WaitedWork` whose ``wait()`` returns once that thread has seen the work complete.
+
 Communicator id: identical on all members without any exchange. Process groups are created
 collectively, in the same order, by every rank (``new_group`` must be called by all ranks), so
 a per-process creation counter together with the group's global ranks names one group on all
@@ -31,6 +38,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import queue
 import struct
 import threading
 import time
@@ -87,11 +95,108 @@ def _nbytes(x: Any) -> int:
 
 
 class _Group:
-    __slots__ = ("comm", "ranks", "rank", "size", "seq")
+    __slots__ = ("comm", "ranks", "rank", "size", "seq", "wait_p2p")
 
-    def __init__(self, comm: int, ranks: tuple[int, ...], rank: int) -> None:
+    def __init__(self, comm: int, ranks: tuple[int, ...], rank: int,
+                 wait_p2p: bool = False) -> None:
         self.comm, self.ranks, self.size, self.seq = comm, ranks, len(ranks), 0
         self.rank = ranks.index(rank) if rank in ranks else -1
+        #: point-to-point work completes only inside wait() (gloo): a channel thread waits
+        self.wait_p2p = wait_p2p
+
+
+def _work_base() -> type:
+    import torch.distributed as dist
+
+    return dist.Work
+
+
+class _Waiter:
+    """A channel's completion thread: waits for each work in turn (gloo completes one
+    channel's point-to-point operations in order), writes its ``end`` record at the true
+    completion and releases the caller's :class:`_WaitedWork`."""
+
+    def __init__(self, col: TorchCollector, name: str) -> None:
+        self.col = col
+        self.q: queue.SimpleQueue[tuple[Any, list[Any], Any] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            work, rec, proxy = item
+            err: BaseException | None = None
+            try:
+                work.wait()
+            except BaseException as e:  # noqa: BLE001 -- handed to the caller's wait()
+                err = e
+            self.col._end(rec)
+            proxy._finish(err)
+            with self.col._lock:
+                self.col._outstanding -= 1
+
+
+def _waited_work(real: Any) -> Any:
+    """A ``torch.distributed.Work`` for ``real`` whose completion a :class:`_Waiter` observes."""
+    cls = _WAITED_CLS.get("cls")
+    if cls is None:
+        cls = _WAITED_CLS["cls"] = _make_waited_cls()
+    return cls(real)
+
+
+_WAITED_CLS: dict[str, type] = {}
+
+
+def _make_waited_cls() -> type:
+    base = _work_base()
+
+    class _WaitedWork(base):  # type: ignore[valid-type,misc]
+        """The caller's handle on gloo point-to-point work waited for by a collector thread:
+        ``wait()`` returns (or raises the work's error) once the work has completed."""
+
+        def __init__(self, real: Any) -> None:
+            super().__init__()
+            self._real = real
+            self._done = threading.Event()
+            self._err: BaseException | None = None
+
+        def _finish(self, err: BaseException | None) -> None:
+            self._err = err
+            self._done.set()
+
+        def wait(self, timeout: Any = None) -> bool:
+            secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            if not self._done.wait(None if not secs else float(secs)):
+                raise RuntimeError("failslow: timed out waiting for point-to-point work")
+            if self._err is not None:
+                raise self._err
+            return True
+
+        def is_completed(self) -> bool:
+            return self._done.is_set()
+
+        def is_success(self) -> bool:
+            return self._done.is_set() and self._err is None
+
+        def exception(self) -> Any:
+            return self._err
+
+        def source_rank(self) -> int:
+            return int(self._real.source_rank())
+
+        def result(self) -> Any:
+            return self._real.result()
+
+        def synchronize(self) -> None:
+            self.wait()
+
+        def get_future(self) -> Any:
+            return self._real.get_future()
+
+    return _WaitedWork
 
 
 class TorchCollector:
@@ -114,11 +219,16 @@ class TorchCollector:
         hdr = np.frombuffer(self.ring._mm, dtype=R.HEADER_DTYPE, count=1)
         hdr["world_size"] = self.world
         self._lock = threading.Lock()
+        #: signalled when asynchronous work is added: the completion thread sleeps otherwise
+        #: (an idle poll loop would take the GIL thousands of times a second in every rank)
+        self._cv = threading.Condition(self._lock)
         self._tls = threading.local()
         self._groups: dict[int, _Group] = {}  # id(ProcessGroup) -> group
         self._keep: list[Any] = []  # keeps the groups alive (ids stay unique)
         self._created = 0
         self._pending: list[tuple[list[Any], list[Any]]] = []
+        self._waiters: dict[tuple[int, int, int], _Waiter] = {}
+        self._outstanding = 0  # point-to-point work handed to the waiters, not complete yet
         self._originals: dict[str, Callable[..., Any]] = {}
         self._stop = threading.Event()
         self._poll_s = poll_s
@@ -177,7 +287,11 @@ class TorchCollector:
         if group is None or group == c10d.GroupMember.NON_GROUP_MEMBER:
             return _Group(0, (), self.rank)
         ranks = tuple(c10d.get_process_group_ranks(group))
-        g = _Group(comm_id(counter, ranks), ranks, self.rank)
+        try:
+            gloo = str(self.dist.get_backend(group)) == "gloo"
+        except (RuntimeError, ValueError):
+            gloo = False
+        g = _Group(comm_id(counter, ranks), ranks, self.rank, wait_p2p=gloo)
         self._groups[id(group)] = g
         self._keep.append(group)
         self._write((R.KIND_COMM, 0, 0, R.SRC_TEST, self.rank, g.rank, g.size, -1, -1, g.comm,
@@ -245,7 +359,9 @@ class TorchCollector:
 
     def _complete_loop(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
+            with self._cv:
+                while not self._pending and not self._stop.is_set():
+                    self._cv.wait()
                 pending = self._pending
                 self._pending = []
             keep = []
@@ -307,13 +423,29 @@ class TorchCollector:
                     batch.append(rec)
                 elif out is None:
                     self._end(rec)
+                elif is_async and g.wait_p2p:
+                    out = self._wait_in_thread(out, rec)
                 else:
                     with self._lock:
                         self._pending.append(([out], rec))
+                        self._cv.notify()
             else:
                 self._end(rec)
             return out
         return wrapper
+
+    def _wait_in_thread(self, work: Any, rec: list[Any]) -> Any:
+        """Hand gloo point-to-point ``work`` to its channel's waiter; returns the caller's
+        :class:`_WaitedWork`."""
+        key = (rec[9], rec[1], rec[7])  # comm, op, peer
+        proxy = _waited_work(work)
+        with self._lock:
+            waiter = self._waiters.get(key)
+            if waiter is None:
+                waiter = self._waiters[key] = _Waiter(self, f"failslow-p2p-{len(self._waiters)}")
+            self._outstanding += 1
+        waiter.q.put((work, rec, proxy))
+        return proxy
 
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
@@ -326,6 +458,7 @@ class TorchCollector:
             with self._lock:
                 for rec in coalesced:
                     self._pending.append((list(works), rec))
+                self._cv.notify()
             return works
         return batch_isend_irecv
 
@@ -334,7 +467,7 @@ class TorchCollector:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._pending:
+                if not self._pending and not self._outstanding:
                     return
             time.sleep(self._poll_s * 5)
 
@@ -342,7 +475,13 @@ class TorchCollector:
         if self._stop.is_set():
             return
         self.flush(1.0)
-        self._stop.set()
+        with self._cv:
+            self._stop.set()
+            self._cv.notify()
         self._thread.join(timeout=1.0)
+        for w in self._waiters.values():
+            w.q.put(None)
+        for w in self._waiters.values():
+            w.thread.join(timeout=1.0)
         with contextlib.suppress(Exception):
             self.ring.close()

@@ -7,12 +7,16 @@ MLP block split Megatron-style over the TP pair (column-parallel then row-parall
 all-reduce forward and one backward); activations and gradients cross the stage boundary with
 send/recv in a 1F1B schedule; gradients are all-reduced over the DP group at the end of each
 iteration. Greyhound's S2 is applied through :mod:`failslow.collectors.mitigation_client`: each
-DP group runs its own micro-batch count and weights its gradients by m_i / M.
+DP group runs its own micro-batch count and weights its gradients by m_i / M. The driver reads
+the advice and hands the counts to the ranks with the iteration they take effect at: every
+pipeline stage (and TP peer) of a replica must switch at the same iteration, or a stage waits
+for a micro-batch its neighbour will never send.
 
 Faults (greyhound.md §2, MEGATRACE §II): ``--straggler RANK:MS[:FROM_ITER]`` sleeps in every
 forward of that rank; ``--hang RANK:ITER`` makes that rank SIGSTOP itself; the driver sees the
-job stall, kills it, and marks the trace post-mortem (``import.json``). ``--slow-link`` is
-delegated to network namespaces by the caller (see the test).
+job stall, kills it, and marks the trace post-mortem (``import.json``). ``--slow-link A:B:MBIT
+[:FROM_ITER]`` puts the two DP replicas in network namespaces joined by veth pairs and limits
+the A-B pair with ``tc tbf`` from that iteration on (:class:`SlowLink`; root only).
 
     python -m examples.hybrid_job --out DIR [--iters 12] [--straggler 5:30]
 
@@ -51,13 +55,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, cfg: dict[str, Any], progress: Any) -> None:
+def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from failslow.collectors.mitigation_client import MicrobatchClient
     from failslow.collectors.torch_collector import TorchCollector
 
+    link: SlowLink | None = cfg.get("link")
     netns = cfg.get("netns")
     if netns:  # enter this rank's "node" (network namespace) before any thread exists
         ns, ifname = netns["ranks"][rank]
@@ -117,8 +121,7 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any) -> None:
     w2 = (torch.randn(F // TP, H) / F ** 0.5).requires_grad_()
     params = [w1, w2]
     opt = torch.optim.SGD(params, lr=0.01)
-    client = MicrobatchClient(cfg["advice"], dp_rank=dp_i, dp_size=DP,
-                              total=cfg["microbatches"] * DP) if cfg.get("advice") else None
+    m_now = cfg["microbatches"]
     straggler = cfg.get("straggler")  # (rank, ms, from_iter)
     hang = cfg.get("hang")  # (rank, iter)
 
@@ -130,11 +133,17 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any) -> None:
 
     times = []
     for it in range(cfg["iters"]):
+        if link is not None and it == cfg["link_from"] and rank in (link.a, link.b):
+            # the link's ends slow it down themselves: from exactly this iteration on,
+            # however late a driver would notice the progress on this loaded machine
+            link.trigger(link.side_of(rank))
         t0 = time.perf_counter()
         if hang and hang[0] == rank and it == hang[1]:
             os.kill(os.getpid(), signal.SIGSTOP)
-        m = client.microbatches() if client else cfg["microbatches"]
-        total = client.total if client else m * DP
+        with plan.get_lock():  # S2: (effective iteration, m_0 .. m_DP-1), set by the driver
+            if plan[0] >= 0 and it >= plan[0]:
+                m_now = int(plan[1 + dp_i])
+        m, total = m_now, cfg["microbatches"] * DP
         opt.zero_grad()
         gen = torch.Generator().manual_seed(it * 100 + dp_i)
         inputs = [torch.randn(B, H, generator=gen) for _ in range(m)]
@@ -192,8 +201,6 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any) -> None:
         opt.step()
         times.append(time.perf_counter() - t0)
         progress[rank] = it + 1
-        if client:
-            client.report(it, times[-1])
     col.close()
     with open(os.path.join(cfg["ring_dir"], f"times-{rank}.json"), "w") as fh:
         json.dump(times, fh)
@@ -220,10 +227,20 @@ class SlowLink:
     """Two "nodes" as network namespaces (ranks of DP replica 0 / 1), joined by two veth pairs.
 
     Ranks ``a`` and ``b`` (one in each node) talk over the second pair only; every other
-    cross-node flow uses the first. :meth:`slow_down` limits the second pair's rate with a
-    ``tc`` token-bucket filter (``tbf``; ``netem`` delay where the kernel has it is the other
-    choice): exactly one link, a <-> b, becomes slow (Greyhound §2's congested link).
-    Needs root (``ip netns``)."""
+    cross-node flow uses the first. The second pair carries a ``tc`` token-bucket filter
+    (``tbf``) on both ends from the start, at 10 Gbit/s (no limit at these rates); making
+    the link slow is one ``tc qdisc change`` to ``rate_mbit`` on each end (Greyhound §2's
+    congested link: exactly one link, a <-> b, becomes slow). ``netem`` delay would be the
+    other choice, but this kernel has no ``sch_netem`` (and no loadable modules).
+
+    The change goes through a ``tc -batch -`` process per namespace, started here and kept
+    waiting on its stdin: :meth:`trigger` (called by rank ``a`` or ``b`` itself at the start
+    of the fault's iteration) costs a pipe round trip of well under a millisecond, so the
+    link is slow from exactly that iteration on without pausing the job -- a driver polling
+    the ranks' progress and spawning ``tc`` reacted several iterations late on this loaded
+    machine. Needs root (``ip netns``)."""
+
+    FAST = "rate 10gbit burst 1mb latency 2s"
 
     def __init__(self, a: int, b: int, rate_mbit: float) -> None:
         self.a, self.b, self.rate_mbit = a, b, rate_mbit
@@ -232,6 +249,7 @@ class SlowLink:
         self.created: list[str] = []
         self.ifs = {(0, 1): f"fa1{tag}", (0, 2): f"fa2{tag}", (1, 1): f"fb1{tag}",
                     (1, 2): f"fb2{tag}"}
+        self.shapers: list[subprocess.Popen[str]] = []
 
     def __enter__(self) -> SlowLink:
         try:
@@ -247,29 +265,76 @@ class SlowLink:
                     _sh("ip", "-n", self.ns[side], "addr", "add",
                         f"10.77.{pair}.{side + 1}/24", "dev", ifn)
                     _sh("ip", "-n", self.ns[side], "link", "set", ifn, "up")
+            for side in (0, 1):
+                _sh("tc", "-n", self.ns[side], "qdisc", "add", "dev", self.ifs[(side, 2)],
+                    "root", "tbf", *self.FAST.split())
+                self.shapers.append(subprocess.Popen(
+                    ["tc", "-n", self.ns[side], "-force", "-batch", "-"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1))
         except BaseException:
             self.__exit__()
             raise
         return self
 
+    def side_of(self, rank: int) -> int:
+        """The namespace (0: DP replica 0, 1: replica 1) of ``rank``."""
+        return coords(rank)[2]
+
     def spec(self) -> dict[str, Any]:
         ranks = {}
         for r in range(WORLD):
-            side = coords(r)[2]
+            side = self.side_of(r)
             pair = 2 if r in (self.a, self.b) else 1
             ranks[r] = (self.ns[side], self.ifs[(side, pair)])
         return {"ranks": ranks, "master": "10.77.1.1"}
 
+    def trigger(self, side: int) -> None:
+        """Limit the slow pair's end in namespace ``side`` to ``rate_mbit`` and check that
+        the kernel took it (``tc qdisc show`` prints the new rate)."""
+        dev, sh = self.ifs[(side, 2)], self.shapers[side]
+        assert sh.stdin is not None and sh.stdout is not None
+        sh.stdin.write(f"qdisc change dev {dev} root tbf rate {self.rate_mbit:g}mbit "
+                       f"burst 16kb latency 2s\nqdisc show dev {dev}\n")
+        sh.stdin.flush()
+        line = sh.stdout.readline()
+        if "tbf" not in line or "rate 10Gbit" in line:
+            raise RuntimeError(f"tc did not limit {dev}: {line.strip()!r}")
+
     def slow_down(self) -> None:
         for side in (0, 1):
-            _sh("ip", "netns", "exec", self.ns[side], "tc", "qdisc", "add", "dev",
-                self.ifs[(side, 2)], "root", "tbf", "rate", f"{self.rate_mbit}mbit",
-                "burst", "16kb", "latency", "2s")
+            self.trigger(side)
 
     def __exit__(self, *exc: object) -> None:
+        for sh in self.shapers:
+            with contextlib.suppress(OSError):
+                if sh.stdin:
+                    sh.stdin.close()
+            try:
+                sh.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sh.kill()
+                sh.wait()
+            if sh.stdout:
+                sh.stdout.close()
+        self.shapers.clear()
         for ns in self.created:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         self.created.clear()
+
+
+def _publish_plan(plan: Any, m: list[int], progress: Any) -> None:
+    """Hand a new S2 allocation ``m`` to the ranks, effective two iterations after the most
+    advanced rank's current one: no rank has started that iteration yet (it would have to
+    finish a whole iteration, collectives included, while this runs), so every rank of a
+    replica switches at the same iteration."""
+    with plan.get_lock():
+        if list(plan[1:]) == list(m):
+            return
+        if plan[0] >= 0 and min(progress[:]) <= plan[0]:
+            return  # the previous allocation is not in force on every rank yet: next time
+        plan[0] = max(progress[:]) + 2
+        for i, v in enumerate(m):
+            plan[1 + i] = int(v)
 
 
 def _parse_fault(text: str | None, n: int) -> tuple[int, ...] | None:
@@ -290,16 +355,19 @@ def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int 
         import torch._dynamo  # noqa: F401 -- slow to import (seconds) in each rank otherwise
 
     link = None
+    link_from = 0
     if slow_link:  # A:B:MBIT[:FROM_ITER]
         a, b, ms, *rest = (int(v) for v in slow_link.split(":"))
         link = SlowLink(a, b, ms)
         link.__enter__()
         link_from = rest[0] if rest else 0
+        if link_from == 0:
+            link.slow_down()
     try:
         return _run(out, iters=iters, microbatches=microbatches, hidden=hidden, ffn=ffn,
                     batch=batch, straggler=straggler, hang=hang, advice=advice,
                     stall_s=stall_s, timeout_s=timeout_s, job=job, link=link,
-                    link_from=link_from if link else 0)
+                    link_from=link_from)
     finally:
         if link:
             link.__exit__()
@@ -311,6 +379,7 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     import torch.multiprocessing as mp
 
     from failslow.collectors.agent import Agent, TraceDirSink
+    from failslow.collectors.mitigation_client import MicrobatchClient
 
     out = Path(out)
     base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
@@ -318,16 +387,22 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     cfg = {"port": _free_port(), "job": job, "ring_dir": str(ring_dir), "iters": iters,
            "microbatches": microbatches, "hidden": hidden, "ffn": ffn, "batch": batch,
            "straggler": _parse_fault(straggler, 3), "hang": _parse_fault(hang, 2),
-           "advice": advice, "netns": link.spec() if link else None}
+           "advice": advice, "netns": link.spec() if link else None, "link_from": link_from,
+           "link": link if link and link_from else None}  # fork: passed as is, not pickled
     ctx = mp.get_context("fork")
     progress = ctx.Array("i", WORLD)
-    procs = [ctx.Process(target=_worker, args=(r, cfg, progress), daemon=True)
+    plan = ctx.Array("i", [-1] + [microbatches] * DP)
+    client = MicrobatchClient(advice, dp_rank=0, dp_size=DP,
+                              total=microbatches * DP) if advice else None
+    procs = [ctx.Process(target=_worker, args=(r, cfg, progress, plan), daemon=True)
              for r in range(WORLD)]
     # the node agent runs beside the job, as in production: it drains the rings while the
     # ranks write them (the trace directory is written when it closes)
+    # with a slow link, the two network namespaces are the job's two "nodes"
+    rank_nodes = {r: link.ns[link.side_of(r)] for r in range(WORLD)} if link else None
     agent = Agent(TraceDirSink(out), ring_dir, job=job, collectors={"gpu": False, "rdma": False},
                   degrees={"tp": TP, "pp": PP, "dp": DP}, microbatches=microbatches,
-                  schedule="1f1b")
+                  schedule="1f1b", rank_nodes=rank_nodes)
     for p in procs:
         p.start()
     hung, last, last_change = False, -1, time.monotonic()
@@ -339,15 +414,16 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
             now = time.monotonic()
             if s != last:
                 last, last_change = s, now
-                progress_file.write_text(str(min(progress[:])))
-                if link and link_from and min(progress[:]) >= link_from:
-                    link.slow_down()
-                    link_from = 0
+                tmp = progress_file.with_name(progress_file.name + ".tmp")
+                tmp.write_text(str(min(progress[:])))
+                tmp.replace(progress_file)  # atomic: a reader never sees it empty
             elif (last > 0 and now - last_change > stall_s) or now - t0 > timeout_s:
                 hung = True
                 break
             if any(p.exitcode not in (None, 0) for p in procs):
                 break
+            if client is not None:
+                _publish_plan(plan, client.refresh(), progress)
             agent.drain_rings()
             time.sleep(0.1)
     except BaseException:

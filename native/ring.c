@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include "failslow_ring.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -19,9 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static uint64_t round_pow2(uint64_t v) {
-  if (v < FS_MIN_CAPACITY) v = FS_MIN_CAPACITY;
-  if (v > FS_MAX_CAPACITY) v = FS_MAX_CAPACITY;
+FS_API uint64_t fs_pow2_clamp(uint64_t v, uint64_t lo, uint64_t hi) {
+  if (v < lo) v = lo;
+  if (v > hi) v = hi;
   uint64_t p = 1;
   while (p < v) p <<= 1;
   return p;
@@ -37,7 +38,8 @@ static void copy_str(char *dst, size_t cap, const char *src) {
 FS_API int fs_ring_create(struct fs_ring *ring, const char *path, uint64_t capacity,
                           const struct fs_ring_meta *meta) {
   memset(ring, 0, sizeof(*ring));
-  capacity = round_pow2(capacity ? capacity : FS_DEFAULT_CAPACITY);
+  capacity = fs_pow2_clamp(capacity ? capacity : FS_DEFAULT_CAPACITY, FS_MIN_CAPACITY,
+                           FS_MAX_CAPACITY);
   size_t size = FS_HEADER_SIZE + (size_t)capacity * FS_RECORD_SIZE;
   mode_t mode = (mode_t)fs_env_ll("FAILSLOW_RING_MODE", 0600);
   int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -171,6 +173,15 @@ FS_API int fs_env_flag(const char *name, int dflt) {
   return 1;
 }
 
+FS_API uint64_t fs_env_pow2(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi) {
+  long long v = fs_env_ll(name, (long long)dflt);
+  return fs_pow2_clamp(v > 0 ? (uint64_t)v : dflt, lo, hi);
+}
+
+FS_API int64_t fs_env_ns(const char *name, long long dflt, int64_t unit_ns) {
+  return (int64_t)fs_env_ll(name, dflt) * unit_ns;
+}
+
 static int32_t env_first_int(const char *const *names, int32_t dflt) {
   for (; *names; names++) {
     long long v = fs_env_ll(*names, -1);
@@ -222,12 +233,20 @@ static void env_job(char *out, size_t cap) {
 /* process rings */
 
 #define FS_MAX_PROC_RINGS 8
+#define FS_MAX_ATFORK 8
 static struct fs_proc_ring *g_proc_rings[FS_MAX_PROC_RINGS];
 static _Atomic int g_nproc_rings;
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+static void (*g_atfork_fns[FS_MAX_ATFORK])(void);
+static _Atomic int g_natfork;
+static pthread_mutex_t g_atfork_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Child of fork: forget the parent's ring; the child creates its own on its next record. */
+/* Child of fork: forget the parent's ring; the child creates its own on its next record.
+ * Then the collectors' own child handlers (fs_atfork_child). */
 static void atfork_child(void) {
+  pthread_mutex_init(&g_atfork_mu, NULL); /* a parent thread may have held it at fork() */
+  int m = atomic_load_explicit(&g_natfork, memory_order_acquire);
+  for (int i = 0; i < m; i++) g_atfork_fns[i]();
   int n = atomic_load_explicit(&g_nproc_rings, memory_order_acquire);
   for (int i = 0; i < n; i++) {
     struct fs_proc_ring *p = g_proc_rings[i];
@@ -241,6 +260,40 @@ static void atfork_child(void) {
 }
 
 static void register_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
+FS_API int fs_atfork_child(void (*fn)(void)) {
+  pthread_once(&g_atfork_once, register_atfork);
+  int rc = 0;
+  pthread_mutex_lock(&g_atfork_mu);
+  int n = atomic_load_explicit(&g_natfork, memory_order_relaxed), seen = 0;
+  for (int i = 0; i < n; i++) seen |= g_atfork_fns[i] == fn;
+  if (!seen && n < FS_MAX_ATFORK) {
+    g_atfork_fns[n] = fn;
+    atomic_store_explicit(&g_natfork, n + 1, memory_order_release);
+  } else if (!seen) {
+    rc = -1;
+  }
+  pthread_mutex_unlock(&g_atfork_mu);
+  return rc;
+}
+
+FS_API int fs_start_detached(void *(*fn)(void *), void *arg) {
+  pthread_t t;
+  pthread_attr_t a;
+  int rc = pthread_attr_init(&a);
+  if (rc != 0) return rc;
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  rc = pthread_create(&t, &a, fn, arg);
+  pthread_attr_destroy(&a);
+  return rc;
+}
+
+FS_API void *fs_dlopen_loaded(const char *env_name, const char *const *names) {
+  const char *v = env_name ? getenv(env_name) : NULL;
+  void *h = (v && *v) ? dlopen(v, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+  for (; !h && names && *names; names++) h = dlopen(*names, RTLD_LAZY | RTLD_NOLOAD);
+  return h;
+}
 
 static void remember(struct fs_proc_ring *p) {
   int n = atomic_load_explicit(&g_nproc_rings, memory_order_acquire);

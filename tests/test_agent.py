@@ -74,6 +74,21 @@ def test_agent_writes_trace_dir_with_meta_comms(tmp_path: Path) -> None:
     assert meta.nodes == {0: "n0", 1: "n0"}
 
 
+def test_agent_names_emulated_nodes_of_ranks(tmp_path: Path) -> None:
+    """One agent draining ranks of two emulated nodes (network namespaces, the example job's
+    slow link): ``rank_nodes`` names their nodes in ``meta.nodes``."""
+    rings, out = tmp_path / "rings", tmp_path / "out"
+    rings.mkdir()
+    ws = [_ring(rings, r, 200 + r, 5) for r in range(2)]
+    agent = Agent(TraceDirSink(out), rings, node="host", rank_nodes={1: "nsB"},
+                  collectors={"gpu": False, "rdma": False})
+    agent.poll()
+    for w in ws:
+        w.close()
+    agent.close()
+    assert TraceDir(out).meta().nodes == {0: "host", 1: "nsB"}
+
+
 def test_crashed_producer_drained_fully_then_removed(tmp_path: Path) -> None:
     rings = tmp_path / "rings"
     rings.mkdir()

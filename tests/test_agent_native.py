@@ -50,3 +50,22 @@ def test_agent_drains_interposer_rings(tmp_path_factory: pytest.TempPathFactory,
     per = {r: sorted(zip(g.comm, g.seq, g.op, strict=True)) for r, g in enter.groupby("rank")}
     assert per[0] == per[1] and len(per[0]) >= 10  # the same rounds (CCL-D Trace IDs)
     assert (coll.phase == "end").sum() == (coll.phase == "enter").sum()
+
+
+def test_agent_cpu_benchmark_drains_paced_ranks(tmp_path_factory: pytest.TempPathFactory,
+                                                tmp_path: Path) -> None:
+    """``failslow bench collector``'s agent figure, small: 2 ranks x 2,000 intercepted calls/s
+    through the real interposer; the agent process keeps up (two records per call, nothing
+    dropped) and reports its own CPU seconds per wall second."""
+    from failslow.collectors.bench_native import measure_agent_cpu
+
+    try:
+        build = build_native_cached(tmp_path_factory.getbasetemp() / "native")
+    except NativeBuildError as e:
+        pytest.fail(str(e))
+    got = measure_agent_cpu(build, tmp_path / "rings", ranks=2, rate=2000, seconds=1.5)
+    assert got["agent_expected_records_per_s"] == 8000
+    # the window also drains what the ranks wrote before the agent started
+    assert 0.8 * 8000 <= got["agent_records_per_s"] <= 2.0 * 8000, got
+    assert got["agent_drops"] == 0
+    assert 1.4 <= got["agent_wall_s"] <= 5.0 and 0 < got["agent_cpu_percent"] < 100, got

@@ -84,33 +84,52 @@ def slow_link_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not shutil.which("ip") or not _netns_permitted():
         pytest.skip("network namespaces not permitted here (needs root and iproute2)")
     out = tmp_path_factory.mktemp("slowlink")
-    # ranks 1 (DP replica 0) and 5 (replica 1) on their own veth pair, 20 Mbit/s from iter 20
-    s = _job(out, "--iters", "40", "--slow-link", "1:5:20:20")
+    # ranks 1 (DP replica 0) and 5 (replica 1) on their own veth pair, 5 Mbit/s from iter 20:
+    # the 1-5 DP all-reduce then takes about 0.4 s, iterations 8x the healthy ~50 ms (the
+    # scheduling noise of 8 ranks on 2 shared cores reaches 2-4x for a few iterations)
+    s = _job(out, "--iters", "40", "--slow-link", "1:5:5:20")
     assert not s["hung"]
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="tc tbf shaping of the veth pair did not take effect "
-                   "in every run on this loaded 2-core machine (seen once: 3.7 ms vs > 40 ms)")
 def test_slow_link_visible_in_trace(slow_link_trace: Path) -> None:
+    """The tbf-shaped veth pair is real: the 1-5 DP all-reduce (256 KiB each way at 5 Mbit/s,
+    about 0.4 s) is slow from iteration 20 exactly (ranks 1 and 5 shape their ends at its
+    start), the other DP pairs cross the healthy pair and stay fast."""
     from failslow.tracedir import TraceDir
 
     td = TraceDir(slow_link_trace)
-    kinds = {c.comm: c.kind for c in td.meta().comms}
+    meta = td.meta()
+    # the two network namespaces are the job's nodes: DP replica 0 and replica 1
+    assert [meta.nodes[r] for r in range(8)] == [meta.nodes[0]] * 4 + [meta.nodes[4]] * 4
+    assert meta.nodes[0] != meta.nodes[4]
+    kinds = {c.comm: c.kind for c in meta.comms}
     c = td.read("coll").to_pandas()
     c = c[c.comm.map(kinds) == "dp"]
     t = c.pivot_table(index=["rank", "seq"], columns="phase", values="t").reset_index()
     t["ms"] = (t["end"] - t["enter"]) / 1e6
-    late = t[t.seq >= 25].groupby("rank").ms.median()
-    early = t[t.seq < 18].groupby("rank").ms.median()
-    assert late[1] > 40 and late[5] > 40 and late[1] > 4 * early[1]
-    assert late[0] < 30 and late[4] < 30  # the other DP pairs cross the healthy veth pair
+    assert sorted(set(t.seq)) == list(range(40))  # one DP all-reduce per iteration
+    late = t[t.seq >= 20].groupby("rank").ms.median()
+    early = t[t.seq < 20].groupby("rank").ms.median()
+    assert late[1] > 300 and late[5] > 300 and late[1] > 10 * early[1], (late, early)
+    assert t[(t["rank"] == 1) & (t.seq >= 20)].ms.min() > 200  # every shaped all-reduce
+    # the other DP pairs cross the healthy veth pair
+    assert all(late[r] < 30 for r in (0, 2, 3, 4, 6, 7)), late
 
 
 def test_slow_link_named(slow_link_trace: Path) -> None:
     found = _analyze(slow_link_trace)
-    assert found and found[0]["cause"] == "communication"
-    assert sorted(found[0]["link"] or found[0]["ranks"]) == [1, 5]
+    assert found, "no anomaly"
+    # 8 processes share 2 cores: scheduling noise may show as small slowdowns; the slow link
+    # is the strong, ongoing one from iteration 20
+    top = max(found, key=lambda a: a["slowdown"] or 0)
+    assert (top["kind"], top["cause"], top["comm_kind"]) == ("slow", "communication", "dp"), top
+    assert sorted(top["link"] or top["ranks"]) == [1, 5]
+    assert top["end_ns"] is None and 19 <= top["onset_iteration"] <= 21, top
+    assert top["slowdown"] > 2 * NOISE, top
+    # nothing else: the ranks that wait on 1 and 5 (their TP and PP peers) are not named
+    others = [a for a in found if a is not top and (a["slowdown"] or 0) > NOISE]
+    assert not others, others
 
 
 def test_s2_microbatch_rebalance_recovers(tmp_path: Path) -> None:
@@ -148,3 +167,35 @@ def test_s2_microbatch_rebalance_recovers(tmp_path: Path) -> None:
     after = sorted(it[24:32])[4]
     assert slow > 1.5 * before, (before, slow, after)
     assert after < 0.8 * slow, (before, slow, after)
+
+
+#: Recorded slow-link traces of this job (20 Mbit/s on the 1-5 pair from iteration 20, on this
+#: loaded machine), kept where the diagnosis went wrong: ``tests/data/slow_link/<name>``.
+SLOW_LINK_TRACES = {
+    # healthy iterations 45-260 ms (scheduling noise in the first 8 and at 14-17), then
+    # ~150 ms from iteration 20: no anomaly at all (at times only after a noise anomaly)
+    "noisy_warmup": "detector: the slow link (about 3x the healthy median) is missed after "
+                    "the noisy healthy stretch",
+    # made with a ~270 ms pause of every rank before iteration 20 (the driver's tc, since
+    # replaced): the pp 0-2 transfers (1 ms -> 2-15 ms, noise) are named over dp 1-5 (48x)
+    "wrong_link_after_pause": "detector: confirms pp 0-2 from the first two windows (the "
+                              "pause and iteration 20) and never re-localizes the link",
+    # a noise step (146 -> 167-198 ms) inside the slow link opens a second anomaly, tp 0-1
+    # with P 0.96, whose slowdown (3.5) is against the healthy 48 ms, not its own 146 ms
+    "nested_noise_level": "detector: a nested noise level is reported as a second "
+                          "communication anomaly with the whole slow-down",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=False, reason=r) if r else ())
+    for n, r in SLOW_LINK_TRACES.items()])
+def test_recorded_slow_link_named(name: str) -> None:
+    found = _analyze(ROOT / "tests" / "data" / "slow_link" / name)
+    assert found, "no anomaly"
+    top = max(found, key=lambda a: a["slowdown"] or 0)
+    assert (top["cause"], top["comm_kind"], sorted(top["link"] or [])) == \
+        ("communication", "dp", [1, 5]), top
+    assert 19 <= top["onset_iteration"] <= 21, top
+    others = [a for a in found if a is not top and (a["slowdown"] or 0) > NOISE]
+    assert not others, others

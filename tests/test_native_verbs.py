@@ -116,3 +116,32 @@ def test_link_table_conforms(tmp_path_factory: pytest.TempPathFactory, tmp_path:
     with_qp = ring.to_tables(recs, job="jv", node="node3", rank=2, include_qp=True)["link"]
     assert with_qp.num_rows == 10 + len(qp_rows)
     assert any(d.startswith("mlx5_0/qp") for d in with_qp.column("device").to_pylist())
+
+
+# (TSan does not support starting threads after a multi-threaded fork)
+@pytest.mark.parametrize("san", ["", "asan"], ids=["O2", "asan"])
+def test_fork_child_samples_its_own_ring(tmp_path_factory: pytest.TempPathFactory,
+                                         tmp_path: Path, san: str) -> None:
+    """The sampler thread does not survive fork(): the child's handler (registered through
+    ring.c's fs_atfork_child) lets the child start its own, which samples into the child's
+    own ring."""
+    build = _build(tmp_path_factory, san)
+    env = driver_env(build, tmp_path, san=san, preload=LIB, job="jf", RANK="1",
+                     FAILSLOW_LINK_PERIOD_MS="1")
+    proc = subprocess.run([str(build / "drv_verbs"), "fork"], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    child = int(proc.stdout.split('"child": ')[1].split(",")[0])
+    rings = {}
+    for p in ring.find_rings(tmp_path, collector="verbs"):
+        with ring.RingReader(p) as r:
+            rings[r.info.pid] = p
+    assert child in rings and len(rings) == 2
+    with ring.RingReader(rings[child]) as r:
+        recs = r.drain()
+    link = recs[recs["kind"] == ring.KIND_LINK]
+    # ~60 ms at a 1 ms period: many samples, of the child's device only (posted grows)
+    assert len(link) >= 5, len(link)
+    assert {n.decode() for n in link["name"]} >= {"mlx5_1"}
+    mine = link[link["name"] == b"mlx5_1"]
+    assert int(mine["posted"].max()) > 0 and (np.diff(mine["posted"].astype(np.int64)) >= 0).all()

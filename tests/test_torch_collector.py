@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,15 @@ def _worker(rank: int, port: int, ring_dir: str) -> None:
                                    dist.P2POp(dist.irecv, torch.zeros(2), peer)])
     for r in reqs:
         r.wait()
+    # gloo completes point-to-point work only inside wait(): the collector must still stamp
+    # the true completion (the receiver posts at once), not the time the caller waits
+    if rank % 2 == 0:
+        w = dist.isend(torch.ones(4), dst=peer)
+        time.sleep(0.4)
+        assert isinstance(w, dist.Work) and w.is_completed()
+        w.wait()
+    else:
+        dist.recv(x[:4], src=peer)
     dist.barrier()
     col.close()
     dist.destroy_process_group()
@@ -90,9 +100,12 @@ def test_gloo_collectives_recorded(tmp_path: Path) -> None:
     assert all(s == colls[0] for s in colls.values()) and len(colls[0]) == 9
     assert seqs[0][:8] == ["allreduce", "allgather", "allgather", "reducescatter", "broadcast",
                            "reduce", "alltoall", "allreduce"]
-    assert seqs[0].count("send") == 2 and seqs[0].count("recv") == 2
+    assert seqs[0].count("send") == 3 and seqs[0].count("recv") == 2
     bc = w[w.op == "broadcast"]
     assert (bc.peer == 1).all() and (bc.bytes == 32).all()
     sends = w[(w.op == "send") & (w["rank"] == 0)]
     assert (sends.peer == 1).all()
+    last = int(sends.seq.max())
+    ms = (t.loc[(0, world, last), "end"] - t.loc[(0, world, last), "enter"]) / 1e6
+    assert ms < 300, f"isend end stamped at the caller's wait ({ms:.0f} ms), not at completion"
     assert len(coll[coll.comm == comm_id(1, (0, 1))]) == 2 * 2

@@ -291,6 +291,33 @@ FS_API int32_t fs_env_rank(void);
 FS_API int fs_env_flag(const char *name, int dflt);
 FS_API long long fs_env_ll(const char *name, long long dflt);
 
+/* ---- helpers shared by the collector libraries (ring.c; none on a hot path) ---- */
+
+/* The power of two at least `v`, with `v` clamped to [lo, hi] (lo, hi powers of two). */
+FS_API uint64_t fs_pow2_clamp(uint64_t v, uint64_t lo, uint64_t hi);
+/* fs_pow2_clamp of the integer variable `name` (`dflt` when unset, invalid or <= 0). */
+FS_API uint64_t fs_env_pow2(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi);
+/* The integer variable `name` (else `dflt`) in `unit_ns` nanoseconds: a period such as
+ * FAILSLOW_LINK_PERIOD_MS; <= 0 means "off". */
+FS_API int64_t fs_env_ns(const char *name, long long dflt, int64_t unit_ns);
+/* The first of the libraries ${env_name} and then `names` (NULL-terminated) that the process
+ * has already loaded (dlopen RTLD_NOLOAD: a collector never loads a library itself), or NULL. */
+FS_API void *fs_dlopen_loaded(const char *env_name, const char *const *names);
+/* Run `fn` in the child after fork() (besides forgetting the parent's process rings); the
+ * same `fn` registered twice runs once. Returns 0, or -1 when the table is full. */
+FS_API int fs_atfork_child(void (*fn)(void));
+/* Start `fn(arg)` on a detached thread. Returns 0 or an errno value. */
+FS_API int fs_start_detached(void *(*fn)(void *), void *arg);
+
+/* Short forms used by the collector sources. */
+#define FS_EXPORT __attribute__((visibility("default")))
+#define FS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define FS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define FS_RLX memory_order_relaxed
+#define FS_ACQ memory_order_acquire
+#define FS_REL memory_order_release
+#define FS_AR memory_order_acq_rel
+
 /* ---- inline hot path ---- */
 
 static inline int64_t fs_now_ns(void) {

@@ -32,10 +32,7 @@
 #include "failslow_ring.h"
 #include "nccl_abi.h"
 
-#define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
-#define LIKELY(x) __builtin_expect(!!(x), 1)
-#define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 static struct fs_proc_ring g_ring = {.collector = FS_SRC_INTERPOSER, .tag = "nccl"};
 static int32_t g_rank = -1;
@@ -47,9 +44,8 @@ static void *nccl_handle(void) {
   static _Atomic(void *) handle;
   void *h = atomic_load_explicit(&handle, memory_order_acquire);
   if (h) return h;
-  const char *names[] = {getenv("FAILSLOW_NCCL_LIB"), "libnccl.so.2", "libnccl.so"};
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !h; i++)
-    if (names[i] && *names[i]) h = dlopen(names[i], RTLD_LAZY | RTLD_NOLOAD);
+  static const char *const names[] = {"libnccl.so.2", "libnccl.so", NULL};
+  h = fs_dlopen_loaded("FAILSLOW_NCCL_LIB", names);
   if (h) atomic_store_explicit(&handle, h, memory_order_release);
   return h;
 }
@@ -67,7 +63,7 @@ static void *resolve(const char *name, void *self) {
   static _Atomic(void *) real_##name##_p;                                        \
   static inline type real_##name(void) {                                         \
     void *f = atomic_load_explicit(&real_##name##_p, memory_order_acquire);      \
-    if (UNLIKELY(!f)) {                                                          \
+    if (FS_UNLIKELY(!f)) {                                                          \
       f = resolve(#name, (void *)&name);                                         \
       atomic_store_explicit(&real_##name##_p, f, memory_order_release);          \
     }                                                                            \
@@ -101,17 +97,13 @@ static pthread_once_t g_setup_once = PTHREAD_ONCE_INIT;
 static void *cuda_sym(const char *rt_name, const char *drv_name) {
   void *f = dlsym(RTLD_DEFAULT, rt_name);
   if (f) return f;
-  const char *rt[] = {getenv("FAILSLOW_CUDART_LIB"), "libcudart.so.13", "libcudart.so.12",
-                      "libcudart.so.11.0", "libcudart.so"};
-  for (size_t i = 0; i < sizeof(rt) / sizeof(rt[0]) && !f; i++) {
-    if (!rt[i] || !*rt[i]) continue;
-    void *h = dlopen(rt[i], RTLD_LAZY | RTLD_NOLOAD);
-    if (h) f = dlsym(h, rt_name);
-  }
-  if (!f) {
-    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h) f = dlsym(h, drv_name); /* driver API: same argument shapes, CUstream == cudaStream_t */
-  }
+  static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
+                                   "libcudart.so", NULL};
+  static const char *const drv[] = {"libcuda.so.1", NULL};
+  void *h = fs_dlopen_loaded("FAILSLOW_CUDART_LIB", rt);
+  if (h) f = dlsym(h, rt_name);
+  if (!f && (h = fs_dlopen_loaded(NULL, drv)) != NULL)
+    f = dlsym(h, drv_name); /* driver API: same argument shapes, CUstream == cudaStream_t */
   return f;
 }
 
@@ -292,7 +284,7 @@ static struct comm_state *comm_register_unknown(ncclComm_t comm) {
 
 static inline struct comm_state *comm_get(ncclComm_t comm) {
   struct comm_state *s = comm_find(comm);
-  if (LIKELY(s != NULL)) return s;
+  if (FS_LIKELY(s != NULL)) return s;
   return comm_register_unknown(comm);
 }
 
@@ -304,7 +296,7 @@ static inline void write_coll(struct fs_ring *r, uint8_t phase, uint8_t op, uint
                               uint64_t bytes, int32_t peer, int64_t t, uint32_t flags) {
   uint64_t idx;
   struct fs_record *d = fs_ring_reserve(r, &idx);
-  if (UNLIKELY(!d)) return;
+  if (FS_UNLIKELY(!d)) return;
   d->kind = FS_KIND_COLL;
   d->op = op;
   d->phase = phase;
@@ -440,11 +432,11 @@ static inline uint64_t dtype_size(ncclDataType_t dt) {
 static inline int call_begin(struct call *c, ncclComm_t comm, cudaStream_t stream, uint8_t op,
                              uint64_t bytes, int32_t peer) {
   struct comm_state *cs = comm_get(comm);
-  if (UNLIKELY(!cs)) return 0;
+  if (FS_UNLIKELY(!cs)) return 0;
   /* seq counts every call, recorded or not, so it stays aligned across ranks */
   uint64_t seq = atomic_fetch_add_explicit(&cs->seq, 1, memory_order_relaxed);
   struct fs_ring *r = fs_proc_ring_get(&g_ring);
-  if (UNLIKELY(!r) || UNLIKELY(fs_ring_ctl(r) & FS_CTL_PAUSE)) return 0;
+  if (FS_UNLIKELY(!r) || FS_UNLIKELY(fs_ring_ctl(r) & FS_CTL_PAUSE)) return 0;
   c->ring = r;
   c->cs = cs;
   c->stream = stream;
@@ -466,12 +458,12 @@ static inline int call_begin(struct call *c, ncclComm_t comm, cudaStream_t strea
 
 static inline void call_end(struct call *c, ncclResult_t res) {
   struct comm_state *cs = c->cs;
-  if (UNLIKELY(res != ncclSuccess && res != ncclInProgress)) {
+  if (FS_UNLIKELY(res != ncclSuccess && res != ncclInProgress)) {
     write_coll(c->ring, FS_PHASE_END, c->op, cs->id, cs->comm_rank, cs->comm_size, cs->device,
                c->seq, c->bytes, c->peer, fs_now_ns(), c->flags | FS_FLAG_ERROR);
     return;
   }
-  if (UNLIKELY(c->flags & FS_FLAG_GRAPH)) { /* captured, not executed: close it at once */
+  if (FS_UNLIKELY(c->flags & FS_FLAG_GRAPH)) { /* captured, not executed: close it at once */
     write_coll(c->ring, FS_PHASE_END, c->op, cs->id, cs->comm_rank, cs->comm_size, cs->device,
                c->seq, c->bytes, c->peer, fs_now_ns(), c->flags);
     return;
@@ -479,7 +471,7 @@ static inline void call_end(struct call *c, ncclResult_t res) {
   if (!atomic_load_explicit(&g_hostfn, memory_order_relaxed)) return; /* no completion tracking */
   uint32_t flags = c->flags | (res == ncclInProgress ? FS_FLAG_NONBLOCKING : 0u);
   int i = pend_alloc();
-  if (UNLIKELY(i < 0)) {
+  if (FS_UNLIKELY(i < 0)) {
     fs_pool_dropped(c->ring);
     write_coll(c->ring, FS_PHASE_END, c->op, cs->id, cs->comm_rank, cs->comm_size, cs->device,
                c->seq, c->bytes, c->peer, c->t, flags | FS_FLAG_UNTRACKED);
@@ -513,41 +505,41 @@ static inline void call_end(struct call *c, ncclResult_t res) {
 /* ------------------------------------------------------------------------------------------ */
 /* communicator lifecycle */
 
-EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
-EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
+FS_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+FS_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
                                            int rank, ncclConfig_t *config);
-EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int myrank, int nId,
+FS_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int myrank, int nId,
                                              ncclUniqueId *ids, ncclConfig_t *config);
-EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
-EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+FS_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
+FS_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *config);
-EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm);
-EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm);
-EXPORT ncclResult_t ncclGroupStart(void);
-EXPORT ncclResult_t ncclGroupEnd(void);
-EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm);
+FS_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm);
+FS_EXPORT ncclResult_t ncclGroupStart(void);
+FS_EXPORT ncclResult_t ncclGroupEnd(void);
+FS_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream);
-EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+FS_EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+FS_EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                       cudaStream_t stream);
-EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, int root, ncclComm_t comm,
                                   cudaStream_t stream);
-EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+FS_EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                               ncclComm_t comm, cudaStream_t stream);
-EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                                cudaStream_t stream);
-EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-EXPORT ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+FS_EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream);
-EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+FS_EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream);
 
 REAL(ncclCommInitRank, fs_nccl_init_rank_t)
@@ -572,7 +564,7 @@ REAL(ncclRecv, fs_nccl_recv_t)
 
 static inline int init_ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 
-EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+FS_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
   fs_nccl_init_rank_t real = real_ncclCommInitRank();
   if (!real) return ncclInternalError;
   ensure_setup();
@@ -583,7 +575,7 @@ EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId 
   return res;
 }
 
-EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
+FS_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
                                            int rank, ncclConfig_t *config) {
   fs_nccl_init_rank_config_t real = real_ncclCommInitRankConfig();
   if (!real) return ncclInternalError;
@@ -595,7 +587,7 @@ EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUni
   return res;
 }
 
-EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int myrank, int nId,
+FS_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int myrank, int nId,
                                              ncclUniqueId *ids, ncclConfig_t *config) {
   fs_nccl_init_rank_scalable_t real = real_ncclCommInitRankScalable();
   if (!real) return ncclInternalError;
@@ -608,7 +600,7 @@ EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int m
   return res;
 }
 
-EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+FS_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
   fs_nccl_init_all_t real = real_ncclCommInitAll();
   if (!real) return ncclInternalError;
   ensure_setup();
@@ -623,7 +615,7 @@ EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devl
   return res;
 }
 
-EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+FS_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                                   ncclConfig_t *config) {
   fs_nccl_split_t real = real_ncclCommSplit();
   if (!real) return ncclInternalError;
@@ -653,11 +645,11 @@ static ncclResult_t finish_comm(ncclComm_t comm, fs_nccl_comm_t real, uint32_t f
   return real(comm);
 }
 
-EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+FS_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return finish_comm(comm, real_ncclCommDestroy(), 0);
 }
 
-EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+FS_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return finish_comm(comm, real_ncclCommAbort(), FS_FLAG_ABORT);
 }
 
@@ -686,7 +678,7 @@ static void write_group(uint8_t phase) {
   fs_ring_commit(r, d, idx);
 }
 
-EXPORT ncclResult_t ncclGroupStart(void) {
+FS_EXPORT ncclResult_t ncclGroupStart(void) {
   fs_nccl_void_t real = real_ncclGroupStart();
   if (!real) return ncclInternalError;
   ncclResult_t res = real();
@@ -697,7 +689,7 @@ EXPORT ncclResult_t ncclGroupStart(void) {
   return res;
 }
 
-EXPORT ncclResult_t ncclGroupEnd(void) {
+FS_EXPORT ncclResult_t ncclGroupEnd(void) {
   fs_nccl_void_t real = real_ncclGroupEnd();
   if (!real) return ncclInternalError;
   ncclResult_t res = real();
@@ -724,54 +716,54 @@ EXPORT ncclResult_t ncclGroupEnd(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* collectives and point-to-point */
 
-EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream) {
   fs_nccl_allreduce_t real = real_ncclAllReduce();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_ALLREDUCE, count * dtype_size(datatype), -1, comm, stream,
             real(sendbuff, recvbuff, count, datatype, op, comm, stream));
 }
 
-EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+FS_EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                                   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_allgather_t real = real_ncclAllGather();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_ALLGATHER, sendcount * dtype_size(datatype), -1, comm, stream,
             real(sendbuff, recvbuff, sendcount, datatype, comm, stream));
 }
 
-EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+FS_EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                       cudaStream_t stream) {
   fs_nccl_reducescatter_t real = real_ncclReduceScatter();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_REDUCESCATTER, recvcount * dtype_size(datatype), -1, comm, stream,
             real(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
 }
 
-EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
                                   ncclDataType_t datatype, int root, ncclComm_t comm,
                                   cudaStream_t stream) {
   fs_nccl_broadcast_t real = real_ncclBroadcast();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_BROADCAST, count * dtype_size(datatype), root, comm, stream,
             real(sendbuff, recvbuff, count, datatype, root, comm, stream));
 }
 
-EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+FS_EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
                               ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_bcast_t real = real_ncclBcast();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_BROADCAST, count * dtype_size(datatype), root, comm, stream,
             real(buff, count, datatype, root, comm, stream));
 }
 
-EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
                                ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                                cudaStream_t stream) {
   fs_nccl_reduce_t real = real_ncclReduce();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_REDUCE, count * dtype_size(datatype), root, comm, stream,
             real(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
 }
@@ -783,34 +775,34 @@ static inline uint64_t alltoall_bytes(ncclComm_t comm, size_t count, ncclDataTyp
   return (uint64_t)count * dtype_size(dt) * n;
 }
 
-EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_alltoall_t real = real_ncclAlltoAll();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_ALLTOALL, alltoall_bytes(comm, count, datatype), -1, comm, stream,
             real(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
-EXPORT ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
+FS_EXPORT ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
                                  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_alltoall_t real = real_ncclAllToAll();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_ALLTOALL, alltoall_bytes(comm, count, datatype), -1, comm, stream,
             real(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
-EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+FS_EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_send_t real = real_ncclSend();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_SEND, count * dtype_size(datatype), peer, comm, stream,
             real(sendbuff, count, datatype, peer, comm, stream));
 }
 
-EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+FS_EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                              ncclComm_t comm, cudaStream_t stream) {
   fs_nccl_recv_t real = real_ncclRecv();
-  if (UNLIKELY(!real)) return ncclInternalError;
+  if (FS_UNLIKELY(!real)) return ncclInternalError;
   INTERCEPT(FS_OP_RECV, count * dtype_size(datatype), peer, comm, stream,
             real(recvbuff, count, datatype, peer, comm, stream));
 }

@@ -37,13 +37,6 @@
 #include "failslow_ring.h"
 #include "profiler_abi.h"
 
-#define EXPORT __attribute__((visibility("default")))
-#define LIKELY(x) __builtin_expect(!!(x), 1)
-#define UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define RLX memory_order_relaxed
-#define ACQ memory_order_acquire
-#define REL memory_order_release
-#define AR memory_order_acq_rel
 
 static struct fs_proc_ring g_ring = {
     .collector = FS_SRC_PROFILER,
@@ -139,20 +132,20 @@ static struct net_dev g_net[NET_DEVS];
 /* small helpers */
 
 static inline void atomic_max_i64(_Atomic int64_t *p, int64_t v) {
-  int64_t cur = atomic_load_explicit(p, RLX);
-  while (cur < v && !atomic_compare_exchange_weak_explicit(p, &cur, v, AR, RLX)) {
+  int64_t cur = atomic_load_explicit(p, FS_RLX);
+  while (cur < v && !atomic_compare_exchange_weak_explicit(p, &cur, v, FS_AR, FS_RLX)) {
   }
 }
 
 static inline void atomic_min_i64(_Atomic int64_t *p, int64_t v) {
-  int64_t cur = atomic_load_explicit(p, RLX);
-  while (cur > v && !atomic_compare_exchange_weak_explicit(p, &cur, v, AR, RLX)) {
+  int64_t cur = atomic_load_explicit(p, FS_RLX);
+  while (cur > v && !atomic_compare_exchange_weak_explicit(p, &cur, v, FS_AR, FS_RLX)) {
   }
 }
 
 static inline void atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
-  uint64_t cur = atomic_load_explicit(p, RLX);
-  while (cur < v && !atomic_compare_exchange_weak_explicit(p, &cur, v, AR, RLX)) {
+  uint64_t cur = atomic_load_explicit(p, FS_RLX);
+  while (cur < v && !atomic_compare_exchange_weak_explicit(p, &cur, v, FS_AR, FS_RLX)) {
   }
 }
 
@@ -208,9 +201,9 @@ static int mask_for(int version, uint32_t ctl) {
 
 static inline void sync_mask(const struct fs_pctx *ctx, uint32_t ctl) {
   int want = mask_for(ctx->version, ctl);
-  if (UNLIKELY(want != atomic_load_explicit(&g_mask_applied, RLX))) {
-    atomic_store_explicit(&g_mask_applied, want, RLX);
-    int *mp = atomic_load_explicit(&g_mask_ptr, ACQ);
+  if (FS_UNLIKELY(want != atomic_load_explicit(&g_mask_applied, FS_RLX))) {
+    atomic_store_explicit(&g_mask_applied, want, FS_RLX);
+    int *mp = atomic_load_explicit(&g_mask_ptr, FS_ACQ);
     if (mp) __atomic_store_n(mp, want, __ATOMIC_RELAXED);
   }
 }
@@ -223,7 +216,7 @@ static void write_coll(struct fs_ring *r, const struct prof_op *op, uint8_t phas
   const struct fs_pctx *ctx = op->ctx;
   uint64_t idx;
   struct fs_record *d = fs_ring_reserve(r, &idx);
-  if (UNLIKELY(!d)) return;
+  if (FS_UNLIKELY(!d)) return;
   d->kind = FS_KIND_COLL;
   d->op = op->op;
   d->phase = phase;
@@ -234,7 +227,7 @@ static void write_coll(struct fs_ring *r, const struct prof_op *op, uint8_t phas
   d->peer = op->peer;
   d->device = -1;
   d->comm = ctx->comm;
-  d->seq = atomic_load_explicit(&op->seq, RLX);
+  d->seq = atomic_load_explicit(&op->seq, FS_RLX);
   d->bytes = op->bytes;
   d->t_ns = t;
   d->t_start_ns = t_start;
@@ -250,7 +243,7 @@ static void write_coll(struct fs_ring *r, const struct prof_op *op, uint8_t phas
 
 static void write_enter(struct prof_op *op) {
   int expected = 0;
-  if (!atomic_compare_exchange_strong_explicit(&op->enter_written, &expected, 1, AR, RLX)) return;
+  if (!atomic_compare_exchange_strong_explicit(&op->enter_written, &expected, 1, FS_AR, FS_RLX)) return;
   struct fs_ring *r = ring_now();
   if (r)
     write_coll(r, op, FS_PHASE_ENTER, op->t_enter, FS_NULL_TIME, FS_NULL_COUNT, FS_NULL_COUNT,
@@ -260,11 +253,11 @@ static void write_enter(struct prof_op *op) {
 static void write_end(struct prof_op *op, int64_t t, uint32_t extra) {
   struct fs_ring *r = ring_now();
   if (!r) return;
-  int64_t t_first = atomic_load_explicit(&op->t_first, ACQ);
-  int has_children = atomic_load_explicit(&op->children, ACQ) > 0;
-  int has_proxies = atomic_load_explicit(&op->proxies, ACQ) > 0;
-  uint64_t send = has_proxies ? atomic_load_explicit(&op->send_steps, ACQ) : FS_NULL_COUNT;
-  uint64_t recv = has_proxies ? atomic_load_explicit(&op->recv_steps, ACQ) : FS_NULL_COUNT;
+  int64_t t_first = atomic_load_explicit(&op->t_first, FS_ACQ);
+  int has_children = atomic_load_explicit(&op->children, FS_ACQ) > 0;
+  int has_proxies = atomic_load_explicit(&op->proxies, FS_ACQ) > 0;
+  uint64_t send = has_proxies ? atomic_load_explicit(&op->send_steps, FS_ACQ) : FS_NULL_COUNT;
+  uint64_t recv = has_proxies ? atomic_load_explicit(&op->recv_steps, FS_ACQ) : FS_NULL_COUNT;
   write_coll(r, op, FS_PHASE_END, t, has_children ? t_first : FS_NULL_TIME, send, recv,
              op->flags | extra);
 }
@@ -297,31 +290,31 @@ static void write_comm(const struct fs_pctx *ctx, uint8_t phase) {
 /* pools */
 
 static struct prof_op *op_alloc(struct fs_pctx *ctx) {
-  uint32_t c = atomic_fetch_add_explicit(&ctx->op_cursor, 1, RLX);
+  uint32_t c = atomic_fetch_add_explicit(&ctx->op_cursor, 1, FS_RLX);
   for (uint32_t k = 0; k < 16; k++) {
     struct prof_op *op = &ctx->ops[(c + k) & ctx->op_mask];
     uint32_t expected = OP_FREE;
-    if (atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_OPEN, ACQ, RLX)) {
+    if (atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_OPEN, FS_ACQ, FS_RLX)) {
       op->bytes = 0;
       op->t_enter = 0;
       op->peer = -1;
       op->flags = 0;
       op->op = FS_OP_UNKNOWN;
-      atomic_store_explicit(&op->enter_written, 0, RLX);
-      atomic_store_explicit(&op->api_live, 0, RLX);
-      atomic_store_explicit(&op->tasks_started, 0, RLX);
-      atomic_store_explicit(&op->tasks_stopped, 0, RLX);
-      atomic_store_explicit(&op->live, 0, RLX);
-      atomic_store_explicit(&op->children, 0, RLX);
-      atomic_store_explicit(&op->proxies, 0, RLX);
-      atomic_store_explicit(&op->kern_expected, 0, RLX);
-      atomic_store_explicit(&op->kern_stopped, 0, RLX);
-      atomic_store_explicit(&op->t_first, INT64_MAX, RLX);
-      atomic_store_explicit(&op->t_last, 0, RLX);
-      atomic_store_explicit(&op->send_steps, 0, RLX);
-      atomic_store_explicit(&op->recv_steps, 0, RLX);
-      atomic_store_explicit(&op->last_progress, 0, RLX);
-      atomic_store_explicit(&op->launched_before, 0, RLX);
+      atomic_store_explicit(&op->enter_written, 0, FS_RLX);
+      atomic_store_explicit(&op->api_live, 0, FS_RLX);
+      atomic_store_explicit(&op->tasks_started, 0, FS_RLX);
+      atomic_store_explicit(&op->tasks_stopped, 0, FS_RLX);
+      atomic_store_explicit(&op->live, 0, FS_RLX);
+      atomic_store_explicit(&op->children, 0, FS_RLX);
+      atomic_store_explicit(&op->proxies, 0, FS_RLX);
+      atomic_store_explicit(&op->kern_expected, 0, FS_RLX);
+      atomic_store_explicit(&op->kern_stopped, 0, FS_RLX);
+      atomic_store_explicit(&op->t_first, INT64_MAX, FS_RLX);
+      atomic_store_explicit(&op->t_last, 0, FS_RLX);
+      atomic_store_explicit(&op->send_steps, 0, FS_RLX);
+      atomic_store_explicit(&op->recv_steps, 0, FS_RLX);
+      atomic_store_explicit(&op->last_progress, 0, FS_RLX);
+      atomic_store_explicit(&op->launched_before, 0, FS_RLX);
       return op;
     }
   }
@@ -331,22 +324,22 @@ static struct prof_op *op_alloc(struct fs_pctx *ctx) {
 }
 
 static void op_publish(struct fs_pctx *ctx, struct prof_op *op, uint64_t seq) {
-  atomic_store_explicit(&op->seq, seq, RLX);
-  atomic_store_explicit(&ctx->by_seq[seq & ctx->op_mask], op, REL);
+  atomic_store_explicit(&op->seq, seq, FS_RLX);
+  atomic_store_explicit(&ctx->by_seq[seq & ctx->op_mask], op, FS_REL);
 }
 
 static struct fs_child *child_alloc(struct fs_pctx *ctx, uint8_t type) {
-  uint32_t c = atomic_fetch_add_explicit(&ctx->kid_cursor, 1, RLX);
+  uint32_t c = atomic_fetch_add_explicit(&ctx->kid_cursor, 1, FS_RLX);
   for (uint32_t k = 0; k < 16; k++) {
     struct fs_child *ch = &ctx->kids[(c + k) & ctx->kid_mask];
     uint32_t expected = 0;
-    if (atomic_compare_exchange_strong_explicit(&ch->state, &expected, 1, ACQ, RLX)) {
+    if (atomic_compare_exchange_strong_explicit(&ch->state, &expected, 1, FS_ACQ, FS_RLX)) {
       ch->ev.type = type;
       ch->op = NULL;
       ch->parent = NULL;
       ch->is_send = 0;
       ch->nsteps = 0;
-      atomic_store_explicit(&ch->steps_done, 0, RLX);
+      atomic_store_explicit(&ch->steps_done, 0, FS_RLX);
       ch->net_dev = -1;
       ch->net_len = 0;
       return ch;
@@ -359,56 +352,56 @@ static struct fs_child *child_alloc(struct fs_pctx *ctx, uint8_t type) {
 
 static inline void child_free(struct fs_child *ch) {
   ch->ev.type = EV_NONE;
-  atomic_store_explicit(&ch->state, 0, REL);
+  atomic_store_explicit(&ch->state, 0, FS_REL);
 }
 
 /* Free an operation slot once nothing can reference it any more. */
 static void try_release(struct prof_op *op) {
-  if (atomic_load_explicit(&op->state, ACQ) != OP_DONE) return;
-  if (atomic_load_explicit(&op->api_live, ACQ) != 0) return;
-  if (atomic_load_explicit(&op->tasks_stopped, ACQ) != atomic_load_explicit(&op->tasks_started, ACQ))
+  if (atomic_load_explicit(&op->state, FS_ACQ) != OP_DONE) return;
+  if (atomic_load_explicit(&op->api_live, FS_ACQ) != 0) return;
+  if (atomic_load_explicit(&op->tasks_stopped, FS_ACQ) != atomic_load_explicit(&op->tasks_started, FS_ACQ))
     return;
-  if (atomic_load_explicit(&op->live, ACQ) != 0) return;
+  if (atomic_load_explicit(&op->live, FS_ACQ) != 0) return;
   uint32_t expected = OP_DONE;
-  atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_FREE, AR, RLX);
+  atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_FREE, FS_AR, FS_RLX);
 }
 
 /* Close every still-open operation of ctx launched before `upto` (seq < upto). */
 static void infer_earlier(struct fs_pctx *ctx, uint64_t upto, int64_t t) {
-  uint64_t from = atomic_load_explicit(&ctx->infer_from, ACQ);
+  uint64_t from = atomic_load_explicit(&ctx->infer_from, FS_ACQ);
   if (upto <= from) return;
   atomic_max_u64(&ctx->infer_from, upto);
   uint64_t n = (uint64_t)ctx->op_mask + 1;
   if (upto - from > n) from = upto - n;
   for (uint64_t j = from; j < upto; j++) {
-    struct prof_op *op = atomic_load_explicit(&ctx->by_seq[j & ctx->op_mask], ACQ);
-    if (!op || atomic_load_explicit(&op->seq, RLX) != j) continue;
+    struct prof_op *op = atomic_load_explicit(&ctx->by_seq[j & ctx->op_mask], FS_ACQ);
+    if (!op || atomic_load_explicit(&op->seq, FS_RLX) != j) continue;
     uint32_t expected = OP_OPEN;
-    if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_DONE, AR, RLX)) continue;
-    if (atomic_load_explicit(&op->enter_written, ACQ)) write_end(op, t, FS_FLAG_INFERRED_END);
+    if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_DONE, FS_AR, FS_RLX)) continue;
+    if (atomic_load_explicit(&op->enter_written, FS_ACQ)) write_end(op, t, FS_FLAG_INFERRED_END);
     try_release(op);
   }
 }
 
 static void maybe_complete(struct prof_op *op) {
-  if (atomic_load_explicit(&op->state, ACQ) != OP_OPEN) return;
-  int started = atomic_load_explicit(&op->tasks_started, ACQ);
-  if (started == 0 || atomic_load_explicit(&op->tasks_stopped, ACQ) < started) return;
-  if (atomic_load_explicit(&op->live, ACQ) != 0) return;
-  if (atomic_load_explicit(&op->children, ACQ) == 0) return;
-  if (atomic_load_explicit(&op->kern_stopped, ACQ) < atomic_load_explicit(&op->kern_expected, ACQ))
+  if (atomic_load_explicit(&op->state, FS_ACQ) != OP_OPEN) return;
+  int started = atomic_load_explicit(&op->tasks_started, FS_ACQ);
+  if (started == 0 || atomic_load_explicit(&op->tasks_stopped, FS_ACQ) < started) return;
+  if (atomic_load_explicit(&op->live, FS_ACQ) != 0) return;
+  if (atomic_load_explicit(&op->children, FS_ACQ) == 0) return;
+  if (atomic_load_explicit(&op->kern_stopped, FS_ACQ) < atomic_load_explicit(&op->kern_expected, FS_ACQ))
     return;
   uint32_t expected = OP_OPEN;
-  if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_DONE, AR, RLX)) return;
-  int64_t t = atomic_load_explicit(&op->t_last, ACQ);
-  if (atomic_load_explicit(&op->enter_written, ACQ)) write_end(op, t, 0);
-  infer_earlier(op->ctx, atomic_load_explicit(&op->launched_before, ACQ), t);
+  if (!atomic_compare_exchange_strong_explicit(&op->state, &expected, OP_DONE, FS_AR, FS_RLX)) return;
+  int64_t t = atomic_load_explicit(&op->t_last, FS_ACQ);
+  if (atomic_load_explicit(&op->enter_written, FS_ACQ)) write_end(op, t, 0);
+  infer_earlier(op->ctx, atomic_load_explicit(&op->launched_before, FS_ACQ), t);
 }
 
 static void progress_row(struct prof_op *op, int64_t now) {
-  int64_t last = atomic_load_explicit(&op->last_progress, RLX);
+  int64_t last = atomic_load_explicit(&op->last_progress, FS_RLX);
   if (now - last < g_progress_ns) return;
-  if (!atomic_compare_exchange_strong_explicit(&op->last_progress, &last, now, RLX, RLX)) return;
+  if (!atomic_compare_exchange_strong_explicit(&op->last_progress, &last, now, FS_RLX, FS_RLX)) return;
   struct fs_ring *r = ring_now();
   if (!r) return;
   uint64_t idx;
@@ -424,19 +417,19 @@ static void progress_row(struct prof_op *op, int64_t now) {
   d->peer = op->peer;
   d->device = -1;
   d->comm = op->ctx->comm;
-  d->seq = atomic_load_explicit(&op->seq, RLX);
+  d->seq = atomic_load_explicit(&op->seq, FS_RLX);
   d->t_ns = now;
   d->t_start_ns = FS_NULL_TIME;
-  d->send_count = atomic_load_explicit(&op->send_steps, RLX);
-  d->recv_count = atomic_load_explicit(&op->recv_steps, RLX);
+  d->send_count = atomic_load_explicit(&op->send_steps, FS_RLX);
+  d->recv_count = atomic_load_explicit(&op->recv_steps, FS_RLX);
   fs_ring_commit(r, d, idx);
 }
 
 static void link_sample(int dev, int64_t now, int force) {
   struct net_dev *nd = &g_net[dev];
-  int64_t last = atomic_load_explicit(&nd->last_sample, RLX);
+  int64_t last = atomic_load_explicit(&nd->last_sample, FS_RLX);
   if (!force && now - last < g_link_ns) return;
-  if (!atomic_compare_exchange_strong_explicit(&nd->last_sample, &last, now, RLX, RLX)) return;
+  if (!atomic_compare_exchange_strong_explicit(&nd->last_sample, &last, now, FS_RLX, FS_RLX)) return;
   struct fs_ring *r = ring_now();
   if (!r) return;
   uint64_t idx;
@@ -451,10 +444,10 @@ static void link_sample(int dev, int64_t now, int force) {
   d->device = dev;
   d->t_ns = now;
   d->t_start_ns = FS_NULL_TIME;
-  d->posted = atomic_load_explicit(&nd->posted, RLX);
-  d->completed = atomic_load_explicit(&nd->completed, RLX);
-  d->bytes = atomic_load_explicit(&nd->bytes, RLX);
-  d->send_count = atomic_load_explicit(&nd->bytes_posted, RLX);
+  d->posted = atomic_load_explicit(&nd->posted, FS_RLX);
+  d->completed = atomic_load_explicit(&nd->completed, FS_RLX);
+  d->bytes = atomic_load_explicit(&nd->bytes, FS_RLX);
+  d->send_count = atomic_load_explicit(&nd->bytes_posted, FS_RLX);
   d->recv_count = FS_NULL_COUNT;
   snprintf(d->name, sizeof(d->name), "ncclnet%d", dev);
   fs_ring_commit(r, d, idx);
@@ -463,21 +456,13 @@ static void link_sample(int dev, int64_t now, int force) {
 /* ------------------------------------------------------------------------------------------ */
 /* init / finalize */
 
-static uint32_t pow2_at_least(long long v, uint32_t dflt) {
-  if (v <= 0) v = dflt;
-  if (v > (1 << 20)) v = 1 << 20;
-  uint32_t p = 16;
-  while (p < (uint32_t)v) p <<= 1;
-  return p;
-}
-
 static void read_env(void) {
   g_pid = getpid();
   g_rank = fs_env_rank();
-  g_progress_ns = fs_env_ll("FAILSLOW_PROGRESS_US", 1000) * 1000;
-  g_link_ns = fs_env_ll("FAILSLOW_LINK_PERIOD_MS", 100) * 1000000;
-  g_op_pool = pow2_at_least(fs_env_ll("FAILSLOW_PROFILER_OPS", 1024), 1024);
-  g_child_pool = pow2_at_least(fs_env_ll("FAILSLOW_PROFILER_CHILDREN", 4096), 4096);
+  g_progress_ns = fs_env_ns("FAILSLOW_PROGRESS_US", 1000, 1000);
+  g_link_ns = fs_env_ns("FAILSLOW_LINK_PERIOD_MS", 100, 1000000);
+  g_op_pool = (uint32_t)fs_env_pow2("FAILSLOW_PROFILER_OPS", 1024, 16, 1u << 20);
+  g_child_pool = (uint32_t)fs_env_pow2("FAILSLOW_PROFILER_CHILDREN", 4096, 16, 1u << 20);
 }
 
 static ncclResult_t init_common(void **context, int *mask, const char *name, uint64_t comm,
@@ -505,7 +490,7 @@ static ncclResult_t init_common(void **context, int *mask, const char *name, uin
     ctx->ops[i].api_ev.type = EV_API;
     ctx->ops[i].task_ev.type = EV_TASK;
     ctx->ops[i].ctx = ctx;
-    atomic_store_explicit(&ctx->ops[i].seq, UINT64_MAX, RLX);
+    atomic_store_explicit(&ctx->ops[i].seq, UINT64_MAX, FS_RLX);
   }
   ctx->comm = comm;
   ctx->comm_rank = rank;
@@ -514,9 +499,9 @@ static ncclResult_t init_common(void **context, int *mask, const char *name, uin
   ctx->version = version;
   if (name) snprintf(ctx->name, sizeof(ctx->name), "%s", name);
 
-  atomic_store_explicit(&g_mask_ptr, mask, REL);
+  atomic_store_explicit(&g_mask_ptr, mask, FS_REL);
   int m = mask_for(version, fs_ring_ctl(r));
-  atomic_store_explicit(&g_mask_applied, m, RLX);
+  atomic_store_explicit(&g_mask_applied, m, FS_RLX);
   if (mask) __atomic_store_n(mask, m, __ATOMIC_RELAXED);
   write_comm(ctx, 0);
   *context = ctx;
@@ -561,7 +546,7 @@ struct task_info {
 /* v5 API event: assigns seq and the API-call time; collectives write their enter row now. */
 static void *start_api(struct fs_pctx *ctx, int is_p2p, const char *func, size_t count,
                        const char *datatype, int root, int graph) {
-  uint64_t seq = atomic_fetch_add_explicit(&ctx->seq, 1, RLX);
+  uint64_t seq = atomic_fetch_add_explicit(&ctx->seq, 1, FS_RLX);
   struct fs_ring *r = ring_now();
   uint32_t ctl = r ? fs_ring_ctl(r) : FS_CTL_PAUSE;
   sync_mask(ctx, ctl);
@@ -574,27 +559,27 @@ static void *start_api(struct fs_pctx *ctx, int is_p2p, const char *func, size_t
   op->bytes = (uint64_t)count * dtype_size(datatype);
   if (op->op == FS_OP_ALLTOALL && ctx->comm_size > 0) op->bytes *= (uint64_t)ctx->comm_size;
   op->peer = (op->op == FS_OP_BROADCAST || op->op == FS_OP_REDUCE) ? root : -1;
-  atomic_store_explicit(&op->api_live, 1, REL);
+  atomic_store_explicit(&op->api_live, 1, FS_REL);
   op_publish(ctx, op, seq);
   if (!is_p2p) write_enter(op); /* point-to-point: the peer is only known at task start */
   return &op->api_ev;
 }
 
 static void task_attach(struct fs_pctx *ctx, struct prof_op *op, const struct task_info *ti) {
-  if (atomic_fetch_add_explicit(&op->tasks_started, 1, AR) == 0) {
-    atomic_store_explicit(&op->launched_before, atomic_load_explicit(&ctx->launched_upto, ACQ),
-                          REL);
+  if (atomic_fetch_add_explicit(&op->tasks_started, 1, FS_AR) == 0) {
+    atomic_store_explicit(&op->launched_before, atomic_load_explicit(&ctx->launched_upto, FS_ACQ),
+                          FS_REL);
     if (op->peer < 0 && (op->op == FS_OP_SEND || op->op == FS_OP_RECV)) op->peer = ti->peer;
     write_enter(op);
   }
-  int m = atomic_load_explicit(&g_mask_applied, RLX);
+  int m = atomic_load_explicit(&g_mask_applied, FS_RLX);
   if ((m & ncclProfileKernelCh) && ti->nchannels)
-    atomic_fetch_add_explicit(&op->kern_expected, ti->nchannels, AR);
+    atomic_fetch_add_explicit(&op->kern_expected, ti->nchannels, FS_AR);
 }
 
 /* A task whose operation is created at launch: v4, or a v5 graph replay. */
 static void *start_task_new(struct fs_pctx *ctx, const struct task_info *ti, uint32_t flags) {
-  uint64_t seq = atomic_fetch_add_explicit(&ctx->seq, 1, RLX);
+  uint64_t seq = atomic_fetch_add_explicit(&ctx->seq, 1, FS_RLX);
   struct fs_ring *r = ring_now();
   uint32_t ctl = r ? fs_ring_ctl(r) : FS_CTL_PAUSE;
   sync_mask(ctx, ctl);
@@ -617,7 +602,7 @@ static void *start_task(struct fs_pctx *ctx, void *parent, const struct task_inf
     if (parent == &g_dropped_api) return &g_dummy;
     if (parent && ((struct fs_ev *)parent)->type == EV_API) {
       struct prof_op *op = op_of_api(parent);
-      if (atomic_load_explicit(&op->state, ACQ) != OP_OPEN) return &g_dummy;
+      if (atomic_load_explicit(&op->state, FS_ACQ) != OP_OPEN) return &g_dummy;
       task_attach(ctx, op, ti);
       return &op->task_ev;
     }
@@ -633,16 +618,16 @@ static void *start_child(struct fs_pctx *ctx, uint8_t type, void *parent, pid_t 
   if (type == EV_PROXYOP && pid != g_pid) return NULL; /* PXN: parent lives in another process */
   if (((struct fs_ev *)parent)->type != EV_TASK) return NULL;
   struct prof_op *op = op_of_task(parent);
-  if (atomic_load_explicit(&op->state, ACQ) != OP_OPEN) return NULL;
+  if (atomic_load_explicit(&op->state, FS_ACQ) != OP_OPEN) return NULL;
   struct fs_child *ch = child_alloc(ctx, type);
   if (!ch) return NULL;
   ch->op = op;
   ch->is_send = is_send;
   ch->nsteps = nsteps;
   atomic_min_i64(&op->t_first, fs_now_ns());
-  if (type == EV_PROXYOP) atomic_fetch_add_explicit(&op->proxies, 1, AR);
-  atomic_fetch_add_explicit(&op->children, 1, AR);
-  atomic_fetch_add_explicit(&op->live, 1, AR);
+  if (type == EV_PROXYOP) atomic_fetch_add_explicit(&op->proxies, 1, FS_AR);
+  atomic_fetch_add_explicit(&op->children, 1, FS_AR);
+  atomic_fetch_add_explicit(&op->live, 1, FS_AR);
   return &ch->ev;
 }
 
@@ -666,8 +651,8 @@ static void *start_net(struct fs_pctx *ctx, int64_t id, void *data) {
   if (!ch) return NULL;
   ch->net_dev = d->qp.device;
   ch->net_len = d->qp.length;
-  atomic_fetch_add_explicit(&g_net[ch->net_dev].posted, 1, RLX);
-  atomic_fetch_add_explicit(&g_net[ch->net_dev].bytes_posted, ch->net_len, RLX);
+  atomic_fetch_add_explicit(&g_net[ch->net_dev].posted, 1, FS_RLX);
+  atomic_fetch_add_explicit(&g_net[ch->net_dev].bytes_posted, ch->net_len, FS_RLX);
   return &ch->ev;
 }
 
@@ -677,14 +662,14 @@ static ncclResult_t fs_stop(void *h) {
   switch (ev->type) {
     case EV_API: {
       struct prof_op *op = op_of_api(h);
-      atomic_store_explicit(&op->api_live, 0, REL);
+      atomic_store_explicit(&op->api_live, 0, FS_REL);
       try_release(op);
       break;
     }
     case EV_TASK: {
       struct prof_op *op = op_of_task(h);
-      atomic_max_u64(&op->ctx->launched_upto, atomic_load_explicit(&op->seq, RLX) + 1);
-      atomic_fetch_add_explicit(&op->tasks_stopped, 1, AR);
+      atomic_max_u64(&op->ctx->launched_upto, atomic_load_explicit(&op->seq, FS_RLX) + 1);
+      atomic_fetch_add_explicit(&op->tasks_stopped, 1, FS_AR);
       maybe_complete(op);
       try_release(op);
       break;
@@ -695,16 +680,16 @@ static ncclResult_t fs_stop(void *h) {
       struct prof_op *op = ch->op;
       int64_t now = fs_now_ns();
       if (ev->type == EV_PROXYOP) {
-        int rest = ch->nsteps - atomic_load_explicit(&ch->steps_done, ACQ);
+        int rest = ch->nsteps - atomic_load_explicit(&ch->steps_done, FS_ACQ);
         if (rest > 0)
           atomic_fetch_add_explicit(ch->is_send ? &op->send_steps : &op->recv_steps,
-                                    (uint64_t)rest, AR);
+                                    (uint64_t)rest, FS_AR);
       } else {
-        atomic_fetch_add_explicit(&op->kern_stopped, 1, AR);
+        atomic_fetch_add_explicit(&op->kern_stopped, 1, FS_AR);
       }
       atomic_max_i64(&op->t_last, now);
       child_free(ch);
-      atomic_fetch_sub_explicit(&op->live, 1, AR);
+      atomic_fetch_sub_explicit(&op->live, 1, FS_AR);
       maybe_complete(op);
       try_release(op);
       break;
@@ -713,9 +698,9 @@ static ncclResult_t fs_stop(void *h) {
       struct fs_child *ch = (struct fs_child *)h;
       struct fs_child *pop = ch->parent;
       struct prof_op *op = ch->op;
-      if (pop && op && atomic_load_explicit(&pop->state, ACQ) && pop->ev.type == EV_PROXYOP) {
-        atomic_fetch_add_explicit(&pop->steps_done, 1, AR);
-        atomic_fetch_add_explicit(pop->is_send ? &op->send_steps : &op->recv_steps, 1, AR);
+      if (pop && op && atomic_load_explicit(&pop->state, FS_ACQ) && pop->ev.type == EV_PROXYOP) {
+        atomic_fetch_add_explicit(&pop->steps_done, 1, FS_AR);
+        atomic_fetch_add_explicit(pop->is_send ? &op->send_steps : &op->recv_steps, 1, FS_AR);
         struct fs_ring *r = ring_now();
         if (r && (fs_ring_ctl(r) & FS_CTL_DETAIL)) progress_row(op, fs_now_ns());
       }
@@ -728,8 +713,8 @@ static ncclResult_t fs_stop(void *h) {
       uint64_t len = ch->net_len;
       child_free(ch);
       if (dev >= 0 && dev < NET_DEVS) {
-        atomic_fetch_add_explicit(&g_net[dev].completed, 1, RLX);
-        atomic_fetch_add_explicit(&g_net[dev].bytes, len, RLX);
+        atomic_fetch_add_explicit(&g_net[dev].completed, 1, FS_RLX);
+        atomic_fetch_add_explicit(&g_net[dev].bytes, len, FS_RLX);
         link_sample(dev, fs_now_ns(), 0);
       }
       break;
@@ -850,7 +835,7 @@ static ncclResult_t fs_record_v4(void *h, ncclProfilerEventState_v4_t s,
 /* ------------------------------------------------------------------------------------------ */
 /* exported structs: NCCL looks up the newest version first */
 
-EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
+FS_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
     .name = "failslow",
     .init = fs_init_v5,
     .startEvent = fs_start_v5,
@@ -859,7 +844,7 @@ EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
     .finalize = fs_finalize,
 };
 
-EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
+FS_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
     .name = "failslow",
     .init = fs_init_v4,
     .startEvent = fs_start_v4,

@@ -8,6 +8,9 @@
  *   drv_nccl threads T N           T threads, each with its own communicator, N ops each
  *   drv_nccl fork                  ops, fork: the child inits a comm and runs ops, parent again
  *   drv_nccl bench N               ns per ncclAllReduce call (printed as JSON)
+ *   drv_nccl paced RATE SECONDS    ncclAllReduce at RATE calls/s for SECONDS (issued every
+ *                                  millisecond, as a training rank would), for the agent's
+ *                                  CPU benchmark
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -171,8 +174,29 @@ static int bench(long n) {
   return 0;
 }
 
+static int paced(long rate, double seconds) {
+  ncclComm_t comm;
+  char buf[8];
+  CHECK(ncclCommInitRank(&comm, 1, make_id(14), 0));
+  int64_t t0 = now_ns(), end = t0 + (int64_t)(seconds * 1e9);
+  long done = 0;
+  struct timespec tick = {0, 1000000};
+  for (;;) {
+    int64_t t = now_ns();
+    if (t >= end) break;
+    long due = (long)((double)(t - t0) * (double)rate / 1e9);
+    for (; done < due; done++) ncclAllReduce(buf, buf, 2, ncclFloat32, ncclSum, comm, S);
+    nanosleep(&tick, NULL);
+  }
+  sync_all();
+  printf("{\"calls\": %ld, \"seconds\": %.3f}\n", done, (double)(now_ns() - t0) / 1e9);
+  CHECK(ncclCommDestroy(comm));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
+  if (!strcmp(argv[1], "paced") && argc == 4) return paced(atol(argv[2]), atof(argv[3]));
   if (!strcmp(argv[1], "basic") && argc == 4) return basic((unsigned)atoi(argv[2]), atoi(argv[3]));
   if (!strcmp(argv[1], "phases") && argc == 3) return phases(atoi(argv[2]));
   if (!strcmp(argv[1], "loop") && argc == 3) return loop(atol(argv[2]));

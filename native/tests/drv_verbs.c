@@ -6,6 +6,9 @@
  *   drv_verbs dlvsym   10 chains of 4 RDMA writes x 1000 B (last one signaled), all polled;
  *                      2 more chains not polled (in flight); 3 receives; one failing post;
  *                      then a poster and a poller thread on one more queue pair.
+ *   drv_verbs fork     opens a device, forks; the child opens another device and posts for
+ *                      a while, then exits without closing: its ring holds only what its
+ *                      own sampler thread wrote (the parent's thread does not survive fork).
  * Prints one JSON object; the counts are checked against the ring by the test.
  */
 #define _GNU_SOURCE
@@ -16,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "verbs_abi.h"
 
@@ -98,8 +104,49 @@ static void *poller(void *arg) {
   return NULL;
 }
 
+static int fork_mode(void *h) {
+  SYM(get_list, get_list_fn, "ibv_get_device_list");
+  SYM(open_dev, ibv_open_device_fn, "ibv_open_device");
+  SYM(close_dev, ibv_close_device_fn, "ibv_close_device");
+  SYM(alloc_pd, alloc_pd_fn, "ibv_alloc_pd");
+  SYM(create_cq, create_cq_fn, "ibv_create_cq");
+  SYM(create_qp, ibv_create_qp_fn, "ibv_create_qp");
+  int n = 0;
+  struct ibv_device **devs = get_list(&n);
+  struct ibv_context *ctx = open_dev(devs[0]); /* the parent's sampler thread starts */
+  pid_t child = fork();
+  if (child < 0) return 4;
+  if (child == 0) {
+    struct ibv_context *c2 = open_dev(devs[1]);
+    struct ibv_pd *pd = alloc_pd(c2);
+    struct ibv_cq *cq = create_cq(c2, 256, NULL, NULL, 0);
+    struct ibv_qp_init_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.send_cq = cq;
+    attr.recv_cq = cq;
+    struct ibv_qp *qp = create_qp(pd, &attr);
+    for (int i = 0; i < 20; i++) {
+      post_chain(qp, 2, 64, (uint64_t)i * 2);
+      if (drain(cq, 1) != 1) _exit(3);
+      struct timespec ts = {0, 3000000};
+      nanosleep(&ts, NULL);
+    }
+    _exit(0); /* no close: nothing but the child's own periodic samples */
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  close_dev(ctx);
+  printf("{\"child\": %d, \"child_status\": %d}\n", (int)child, st);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 5;
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "dlvsym") != 0) return 2;
+  if (argc < 2) return 2;
+  if (!strcmp(argv[1], "fork")) {
+    void *fh = dlopen("libibverbs.so.1", RTLD_NOW);
+    return fh ? fork_mode(fh) : 2;
+  }
+  if (strcmp(argv[1], "dlvsym") != 0) return 2;
   void *h = dlopen("libibverbs.so.1", RTLD_NOW);
   if (!h) {
     fprintf(stderr, "%s\n", dlerror());

@@ -43,12 +43,6 @@
 #include "failslow_ring.h"
 #include "verbs_abi.h"
 
-#define EXPORT __attribute__((visibility("default")))
-#define LIKELY(x) __builtin_expect(!!(x), 1)
-#define UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define RLX memory_order_relaxed
-#define ACQ memory_order_acquire
-#define REL memory_order_release
 
 static struct fs_proc_ring g_ring = {.collector = FS_SRC_VERBS, .tag = "verbs", .caps = FS_CAP_LINK};
 static int32_t g_rank = -1;
@@ -62,10 +56,10 @@ static _Atomic(ibv_close_device_fn) g_real_close;
 static _Atomic(ibv_create_qp_fn) g_real_create_qp;
 static _Atomic(ibv_destroy_qp_fn) g_real_destroy_qp;
 
-EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device);
-EXPORT int ibv_close_device(struct ibv_context *context);
-EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
-EXPORT int ibv_destroy_qp(struct ibv_qp *qp);
+FS_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device);
+FS_EXPORT int ibv_close_device(struct ibv_context *context);
+FS_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+FS_EXPORT int ibv_destroy_qp(struct ibv_qp *qp);
 
 /*
  * dlvsym interposition. glibc's dlvsym looks at its caller's return address for RTLD_NEXT
@@ -125,7 +119,7 @@ __asm__(
 #else
 /* Other architectures: a plain C wrapper (RTLD_NEXT lookups through it resolve relative to
  * the shim -- a documented limitation). */
-EXPORT void *dlvsym(void *handle, const char *symbol, const char *version) {
+FS_EXPORT void *dlvsym(void *handle, const char *symbol, const char *version) {
   return fs_dlvsym_handle(handle, symbol, version);
 }
 #endif
@@ -135,11 +129,11 @@ static dlvsym_fn real_dlvsym(void) { return (dlvsym_fn)fs_resolve_dlvsym(); }
 /* The real ibv_* function: the one found through dlvsym, else the next definition. */
 #define REAL_FN(var, type, name)                                                   \
   static type real_##name(void) {                                                  \
-    type f = atomic_load_explicit(&var, ACQ);                                      \
+    type f = atomic_load_explicit(&var, FS_ACQ);                                      \
     if (!f) {                                                                      \
       f = (type)dlsym(RTLD_NEXT, #name);                                           \
       if ((void *)f == (void *)&name) f = NULL;                                    \
-      if (f) atomic_store_explicit(&var, f, REL);                                  \
+      if (f) atomic_store_explicit(&var, f, FS_REL);                                  \
     }                                                                              \
     return f;                                                                      \
   }
@@ -193,9 +187,9 @@ static _Atomic int g_nctx;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static inline int ctx_index(const struct ibv_context *c) {
-  int n = atomic_load_explicit(&g_nctx, ACQ);
+  int n = atomic_load_explicit(&g_nctx, FS_ACQ);
   for (int i = 0; i < n; i++)
-    if (atomic_load_explicit(&g_ctx[i].ctx, RLX) == c) return i;
+    if (atomic_load_explicit(&g_ctx[i].ctx, FS_RLX) == c) return i;
   return -1;
 }
 
@@ -235,13 +229,13 @@ static inline uint64_t qp_key(int ci, uint32_t qp_num) {
 static struct qp_entry *qp_lookup(uint64_t key, int create) {
   uint32_t i = qp_hash(key);
   for (uint32_t n = 0; n < QP_SLOTS; n++, i = (i + 1) & (QP_SLOTS - 1)) {
-    uint64_t k = atomic_load_explicit(&g_qp[i].key, ACQ);
+    uint64_t k = atomic_load_explicit(&g_qp[i].key, FS_ACQ);
     if (k == key) return &g_qp[i];
     if (k == 0) {
       if (!create) return NULL;
       uint64_t expected = 0;
       if (atomic_compare_exchange_strong_explicit(&g_qp[i].key, &expected, key, memory_order_acq_rel,
-                                                  ACQ))
+                                                  FS_ACQ))
         return &g_qp[i];
       if (expected == key) return &g_qp[i];
     }
@@ -254,23 +248,23 @@ static struct qp_entry *qp_lookup(uint64_t key, int create) {
 static void qp_reset(struct qp_entry *q, int sig_all, uint64_t bound) {
   uint64_t n = MARKS_MIN;
   while (n < bound && n < MARKS_MAX) n <<= 1;
-  struct mark *old = atomic_load_explicit(&q->marks, RLX);
+  struct mark *old = atomic_load_explicit(&q->marks, FS_RLX);
   struct mark *m = (old && q->marks_mask + 1 == n) ? old : (struct mark *)calloc(n, sizeof(*m));
   if (old && old != m) free(old);
   q->marks_mask = m ? n - 1 : 0;
-  atomic_store_explicit(&q->marks, m, REL);
-  atomic_store_explicit(&q->sig_all, sig_all, RLX);
-  atomic_store_explicit(&q->approx, m ? 0 : 1, RLX);
-  atomic_store_explicit(&q->posted, 0, RLX);
-  atomic_store_explicit(&q->completed, 0, RLX);
-  atomic_store_explicit(&q->bytes_posted, 0, RLX);
-  atomic_store_explicit(&q->bytes, 0, RLX);
-  atomic_store_explicit(&q->recv, 0, RLX);
-  atomic_store_explicit(&q->recv_bytes, 0, RLX);
-  atomic_store_explicit(&q->errors, 0, RLX);
-  atomic_store_explicit(&q->mark_head, 0, RLX);
-  atomic_store_explicit(&q->mark_tail, 0, RLX);
-  atomic_store_explicit(&q->dead, 0, REL);
+  atomic_store_explicit(&q->marks, m, FS_REL);
+  atomic_store_explicit(&q->sig_all, sig_all, FS_RLX);
+  atomic_store_explicit(&q->approx, m ? 0 : 1, FS_RLX);
+  atomic_store_explicit(&q->posted, 0, FS_RLX);
+  atomic_store_explicit(&q->completed, 0, FS_RLX);
+  atomic_store_explicit(&q->bytes_posted, 0, FS_RLX);
+  atomic_store_explicit(&q->bytes, 0, FS_RLX);
+  atomic_store_explicit(&q->recv, 0, FS_RLX);
+  atomic_store_explicit(&q->recv_bytes, 0, FS_RLX);
+  atomic_store_explicit(&q->errors, 0, FS_RLX);
+  atomic_store_explicit(&q->mark_head, 0, FS_RLX);
+  atomic_store_explicit(&q->mark_tail, 0, FS_RLX);
+  atomic_store_explicit(&q->dead, 0, FS_REL);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -278,37 +272,37 @@ static void qp_reset(struct qp_entry *q, int sig_all, uint64_t bound) {
 
 static int fs_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr) {
   int ci = ctx_index(qp->context);
-  if (UNLIKELY(ci < 0)) return EINVAL;
+  if (FS_UNLIKELY(ci < 0)) return EINVAL;
   ibv_post_send_fn real = g_ctx[ci].post_send;
   struct qp_entry *q = qp_lookup(qp_key(ci, qp->qp_num), 1);
-  if (UNLIKELY(!q)) return real(qp, wr, bad_wr);
+  if (FS_UNLIKELY(!q)) return real(qp, wr, bad_wr);
   uint64_t n = 0, b = 0;
   for (struct ibv_send_wr *w = wr; w; w = w->next) {
     n++;
     for (int s = 0; s < w->num_sge; s++) b += w->sg_list[s].length;
   }
   /* counted before the call: a completion can only follow the post */
-  uint64_t base_n = atomic_fetch_add_explicit(&q->posted, n, RLX);
-  uint64_t base_b = atomic_fetch_add_explicit(&q->bytes_posted, b, RLX);
-  int sig_all = atomic_load_explicit(&q->sig_all, RLX);
-  struct mark *marks = atomic_load_explicit(&q->marks, ACQ);
+  uint64_t base_n = atomic_fetch_add_explicit(&q->posted, n, FS_RLX);
+  uint64_t base_b = atomic_fetch_add_explicit(&q->bytes_posted, b, FS_RLX);
+  int sig_all = atomic_load_explicit(&q->sig_all, FS_RLX);
+  struct mark *marks = atomic_load_explicit(&q->marks, FS_ACQ);
   uint64_t cn = base_n, cb = base_b;
   for (struct ibv_send_wr *w = wr; marks && w; w = w->next) {
     cn++;
     for (int s = 0; s < w->num_sge; s++) cb += w->sg_list[s].length;
     if (sig_all || (w->send_flags & IBV_SEND_SIGNALED)) {
-      uint64_t t = atomic_load_explicit(&q->mark_tail, RLX);
-      if (t - atomic_load_explicit(&q->mark_head, ACQ) > q->marks_mask) {
-        atomic_store_explicit(&q->approx, 1, RLX); /* cannot happen within the bound */
+      uint64_t t = atomic_load_explicit(&q->mark_tail, FS_RLX);
+      if (t - atomic_load_explicit(&q->mark_head, FS_ACQ) > q->marks_mask) {
+        atomic_store_explicit(&q->approx, 1, FS_RLX); /* cannot happen within the bound */
         continue;
       }
-      atomic_store_explicit(&marks[t & q->marks_mask].n, cn, RLX);
-      atomic_store_explicit(&marks[t & q->marks_mask].b, cb, RLX);
-      atomic_store_explicit(&q->mark_tail, t + 1, REL);
+      atomic_store_explicit(&marks[t & q->marks_mask].n, cn, FS_RLX);
+      atomic_store_explicit(&marks[t & q->marks_mask].b, cb, FS_RLX);
+      atomic_store_explicit(&q->mark_tail, t + 1, FS_REL);
     }
   }
   int rc = real(qp, wr, bad_wr);
-  if (UNLIKELY(rc != 0)) {
+  if (FS_UNLIKELY(rc != 0)) {
     /* WRs from *bad_wr on were not posted: take them back and stop trusting the marks */
     uint64_t un = 0, ub = 0;
     int seen = 0;
@@ -318,38 +312,38 @@ static int fs_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
       un++;
       for (int s = 0; s < w->num_sge; s++) ub += w->sg_list[s].length;
     }
-    atomic_fetch_sub_explicit(&q->posted, un, RLX);
-    atomic_fetch_sub_explicit(&q->bytes_posted, ub, RLX);
-    atomic_store_explicit(&q->approx, 1, RLX);
+    atomic_fetch_sub_explicit(&q->posted, un, FS_RLX);
+    atomic_fetch_sub_explicit(&q->bytes_posted, ub, FS_RLX);
+    atomic_store_explicit(&q->approx, 1, FS_RLX);
   }
   return rc;
 }
 
 static int fs_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc) {
   int ci = ctx_index(cq->context);
-  if (UNLIKELY(ci < 0)) return -1;
+  if (FS_UNLIKELY(ci < 0)) return -1;
   int n = g_ctx[ci].poll_cq(cq, num_entries, wc);
   for (int i = 0; i < n; i++) {
     struct qp_entry *q = qp_lookup(qp_key(ci, wc[i].qp_num), 1);
-    if (UNLIKELY(!q)) continue;
-    if (wc[i].status != IBV_WC_SUCCESS) atomic_fetch_add_explicit(&q->errors, 1, RLX);
+    if (FS_UNLIKELY(!q)) continue;
+    if (wc[i].status != IBV_WC_SUCCESS) atomic_fetch_add_explicit(&q->errors, 1, FS_RLX);
     if (wc[i].opcode & IBV_WC_RECV) {
-      atomic_fetch_add_explicit(&q->recv, 1, RLX);
+      atomic_fetch_add_explicit(&q->recv, 1, FS_RLX);
       if (wc[i].status == IBV_WC_SUCCESS)
-        atomic_fetch_add_explicit(&q->recv_bytes, wc[i].byte_len, RLX);
+        atomic_fetch_add_explicit(&q->recv_bytes, wc[i].byte_len, FS_RLX);
       continue;
     }
-    uint64_t h = atomic_load_explicit(&q->mark_head, RLX);
-    struct mark *marks = atomic_load_explicit(&q->marks, ACQ);
-    if (marks && !atomic_load_explicit(&q->approx, RLX) &&
-        h < atomic_load_explicit(&q->mark_tail, ACQ)) {
-      uint64_t mn = atomic_load_explicit(&marks[h & q->marks_mask].n, RLX);
-      uint64_t mb = atomic_load_explicit(&marks[h & q->marks_mask].b, RLX);
-      atomic_store_explicit(&q->mark_head, h + 1, REL);
-      atomic_store_explicit(&q->completed, mn, RLX);
-      atomic_store_explicit(&q->bytes, mb, RLX);
+    uint64_t h = atomic_load_explicit(&q->mark_head, FS_RLX);
+    struct mark *marks = atomic_load_explicit(&q->marks, FS_ACQ);
+    if (marks && !atomic_load_explicit(&q->approx, FS_RLX) &&
+        h < atomic_load_explicit(&q->mark_tail, FS_ACQ)) {
+      uint64_t mn = atomic_load_explicit(&marks[h & q->marks_mask].n, FS_RLX);
+      uint64_t mb = atomic_load_explicit(&marks[h & q->marks_mask].b, FS_RLX);
+      atomic_store_explicit(&q->mark_head, h + 1, FS_REL);
+      atomic_store_explicit(&q->completed, mn, FS_RLX);
+      atomic_store_explicit(&q->bytes, mb, FS_RLX);
     } else {
-      atomic_fetch_add_explicit(&q->completed, 1, RLX);
+      atomic_fetch_add_explicit(&q->completed, 1, FS_RLX);
     }
   }
   return n;
@@ -359,7 +353,6 @@ static int fs_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc) {
 /* sampler */
 
 static _Atomic int g_sampler_started;
-static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
 static void write_link(struct fs_ring *r, int ci, const char *name, uint32_t qp_num, uint32_t flags,
                        uint64_t posted, uint64_t completed, uint64_t bytes_posted, uint64_t bytes,
@@ -393,21 +386,21 @@ static void sample_once(void) {
   if (!r) return;
   uint32_t ctl = fs_ring_ctl(r);
   int64_t now = fs_now_ns();
-  atomic_store_explicit(&r->hdr->heartbeat_ns, (uint64_t)now, RLX);
+  atomic_store_explicit(&r->hdr->heartbeat_ns, (uint64_t)now, FS_RLX);
   if (ctl & FS_CTL_PAUSE) return;
   pthread_mutex_lock(&g_mu);
-  int nctx = atomic_load_explicit(&g_nctx, ACQ);
+  int nctx = atomic_load_explicit(&g_nctx, FS_ACQ);
   uint64_t p[MAX_CTX] = {0}, c[MAX_CTX] = {0}, bp[MAX_CTX] = {0}, b[MAX_CTX] = {0},
            rv[MAX_CTX] = {0};
   for (uint32_t i = 0; i < QP_SLOTS; i++) {
-    uint64_t key = atomic_load_explicit(&g_qp[i].key, ACQ);
-    if (!key || atomic_load_explicit(&g_qp[i].dead, ACQ)) continue;
+    uint64_t key = atomic_load_explicit(&g_qp[i].key, FS_ACQ);
+    if (!key || atomic_load_explicit(&g_qp[i].dead, FS_ACQ)) continue;
     int ci = (int)(key >> 32) - 1;
     if (ci < 0 || ci >= nctx) continue;
     struct qp_entry *q = &g_qp[i];
-    uint64_t qp_ = atomic_load_explicit(&q->posted, RLX), qc = atomic_load_explicit(&q->completed, RLX);
-    uint64_t qbp = atomic_load_explicit(&q->bytes_posted, RLX), qb = atomic_load_explicit(&q->bytes, RLX);
-    uint64_t qr = atomic_load_explicit(&q->recv, RLX);
+    uint64_t qp_ = atomic_load_explicit(&q->posted, FS_RLX), qc = atomic_load_explicit(&q->completed, FS_RLX);
+    uint64_t qbp = atomic_load_explicit(&q->bytes_posted, FS_RLX), qb = atomic_load_explicit(&q->bytes, FS_RLX);
+    uint64_t qr = atomic_load_explicit(&q->recv, FS_RLX);
     p[ci] += qp_;
     c[ci] += qc;
     bp[ci] += qbp;
@@ -417,7 +410,7 @@ static void sample_once(void) {
       write_link(r, ci, g_ctx[ci].name, (uint32_t)key, FS_FLAG_QP, qp_, qc, qbp, qb, qr, now);
   }
   for (int ci = 0; ci < nctx; ci++) {
-    if (!atomic_load_explicit(&g_ctx[ci].ctx, RLX)) continue;
+    if (!atomic_load_explicit(&g_ctx[ci].ctx, FS_RLX)) continue;
     struct ctx_entry *e = &g_ctx[ci];
     write_link(r, ci, e->name, 0, 0, p[ci] + e->r_posted, c[ci] + e->r_completed,
                bp[ci] + e->r_bytes_posted, b[ci] + e->r_bytes, rv[ci] + e->r_recv, now);
@@ -427,9 +420,9 @@ static void sample_once(void) {
 
 static void *sampler(void *arg) {
   (void)arg;
-  long long ms = fs_env_ll("FAILSLOW_LINK_PERIOD_MS", 100);
-  if (ms < 1) ms = 1;
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+  int64_t ns = fs_env_ns("FAILSLOW_LINK_PERIOD_MS", 100, 1000000);
+  if (ns < 1000000) ns = 1000000;
+  struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
   for (;;) {
     nanosleep(&ts, NULL);
     sample_once();
@@ -437,29 +430,24 @@ static void *sampler(void *arg) {
   return NULL;
 }
 
-static void atfork_child(void) { atomic_store_explicit(&g_sampler_started, 0, RLX); }
-static void register_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
+/* the child of fork() has no sampler thread: it starts its own */
+static void atfork_child(void) { atomic_store_explicit(&g_sampler_started, 0, FS_RLX); }
 
 static void start_sampler(void) {
-  pthread_once(&g_atfork_once, register_atfork);
+  fs_atfork_child(atfork_child);
   int expected = 0;
   if (!atomic_compare_exchange_strong(&g_sampler_started, &expected, 1)) return;
-  if (fs_env_ll("FAILSLOW_LINK_PERIOD_MS", 100) <= 0) return; /* sampling disabled */
-  pthread_t t;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  if (pthread_create(&t, &a, sampler, NULL) != 0) atomic_store(&g_sampler_started, 0);
-  pthread_attr_destroy(&a);
+  if (fs_env_ns("FAILSLOW_LINK_PERIOD_MS", 100, 1000000) <= 0) return; /* sampling disabled */
+  if (fs_start_detached(sampler, NULL) != 0) atomic_store(&g_sampler_started, 0);
 }
 
 /* Exported for tests and the agent's on-demand sampling: write the LINK records now. */
-EXPORT void failslow_verbs_sample(void) { sample_once(); }
+FS_EXPORT void failslow_verbs_sample(void) { sample_once(); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* wrappers of the resolved ibv_* functions */
 
-EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
+FS_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
   ibv_open_device_fn real = real_ibv_open_device();
   if (!real) {
     errno = ENOSYS;
@@ -468,9 +456,9 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
   struct ibv_context *ctx = real(device);
   if (!ctx || fs_env_flag("FAILSLOW_DISABLE", 0)) return ctx;
   pthread_mutex_lock(&g_mu);
-  int n = atomic_load_explicit(&g_nctx, ACQ), ci = -1;
+  int n = atomic_load_explicit(&g_nctx, FS_ACQ), ci = -1;
   for (int i = 0; i < n; i++)
-    if (atomic_load_explicit(&g_ctx[i].ctx, RLX) == ctx) ci = i;
+    if (atomic_load_explicit(&g_ctx[i].ctx, FS_RLX) == ctx) ci = i;
   if (ci < 0 && n < MAX_CTX) {
     ci = n;
     struct ctx_entry *e = &g_ctx[ci];
@@ -482,8 +470,8 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
     e->name[len] = '\0';
     e->closed = 0;
     e->r_posted = e->r_completed = e->r_bytes_posted = e->r_bytes = e->r_recv = 0;
-    atomic_store_explicit(&e->ctx, ctx, REL);
-    atomic_store_explicit(&g_nctx, n + 1, REL);
+    atomic_store_explicit(&e->ctx, ctx, FS_REL);
+    atomic_store_explicit(&g_nctx, n + 1, FS_REL);
     /* from here on the inline ibv_post_send / ibv_poll_cq of this context come to us */
     ctx->ops.post_send = fs_post_send;
     ctx->ops.poll_cq = fs_poll_cq;
@@ -497,7 +485,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
   return ctx;
 }
 
-EXPORT int ibv_close_device(struct ibv_context *context) {
+FS_EXPORT int ibv_close_device(struct ibv_context *context) {
   ibv_close_device_fn real = real_ibv_close_device();
   if (!real) return ENOSYS;
   pthread_mutex_lock(&g_mu);
@@ -512,13 +500,13 @@ EXPORT int ibv_close_device(struct ibv_context *context) {
   if (ci >= 0) sample_once(); /* last sample of the device */
   if (ci >= 0) {
     pthread_mutex_lock(&g_mu);
-    atomic_store_explicit(&g_ctx[ci].ctx, (struct ibv_context *)NULL, REL);
+    atomic_store_explicit(&g_ctx[ci].ctx, (struct ibv_context *)NULL, FS_REL);
     pthread_mutex_unlock(&g_mu);
   }
   return real(context);
 }
 
-EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
+FS_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
   ibv_create_qp_fn real = real_ibv_create_qp();
   if (!real) {
     errno = ENOSYS;
@@ -538,22 +526,22 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
   return qp;
 }
 
-EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
+FS_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
   ibv_destroy_qp_fn real = real_ibv_destroy_qp();
   if (!real) return ENOSYS;
   pthread_mutex_lock(&g_mu);
   int ci = qp ? ctx_index(qp->context) : -1;
   if (ci >= 0) {
     struct qp_entry *q = qp_lookup(qp_key(ci, qp->qp_num), 0);
-    if (q && !atomic_load_explicit(&q->dead, ACQ)) {
+    if (q && !atomic_load_explicit(&q->dead, FS_ACQ)) {
       /* fold into the device totals so the cumulative device counters never go down */
       struct ctx_entry *e = &g_ctx[ci];
-      e->r_posted += atomic_load_explicit(&q->posted, RLX);
-      e->r_completed += atomic_load_explicit(&q->completed, RLX);
-      e->r_bytes_posted += atomic_load_explicit(&q->bytes_posted, RLX);
-      e->r_bytes += atomic_load_explicit(&q->bytes, RLX);
-      e->r_recv += atomic_load_explicit(&q->recv, RLX);
-      atomic_store_explicit(&q->dead, 1, REL);
+      e->r_posted += atomic_load_explicit(&q->posted, FS_RLX);
+      e->r_completed += atomic_load_explicit(&q->completed, FS_RLX);
+      e->r_bytes_posted += atomic_load_explicit(&q->bytes_posted, FS_RLX);
+      e->r_bytes += atomic_load_explicit(&q->bytes, FS_RLX);
+      e->r_recv += atomic_load_explicit(&q->recv, FS_RLX);
+      atomic_store_explicit(&q->dead, 1, FS_REL);
     }
   }
   pthread_mutex_unlock(&g_mu);
