@@ -180,10 +180,9 @@ SLOW_LINK_TRACES = {
     # replaced): the pp 0-2 transfers (1 ms -> 2-15 ms, noise) are named over dp 1-5 (48x)
     "wrong_link_after_pause": "detector: confirms pp 0-2 from the first two windows (the "
                               "pause and iteration 20) and never re-localizes the link",
-    # a noise step (146 -> 167-198 ms) inside the slow link opens a second anomaly, tp 0-1
-    # with P 0.96, whose slowdown (3.5) is against the healthy 48 ms, not its own 146 ms
-    "nested_noise_level": "detector: a nested noise level is reported as a second "
-                          "communication anomaly with the whole slow-down",
+    # a noise step (146 -> 167-198 ms) inside the slow link once opened a second anomaly,
+    # tp 0-1 with P 0.96, whose slowdown (3.5) was against the healthy 48 ms (now right)
+    "nested_noise_level": "",
 }
 
 
