@@ -84,6 +84,12 @@ _RANK_BITS = 32          # (comm index, global rank) and (comm index, comm rank)
 _PAIR_PEER_BITS = 20     # point-to-point counters: comm index | rank | peer | direction
 _PAIR_RANK_BITS = 24
 _PAIR_COMM_BITS = 63 - 1 - _PAIR_PEER_BITS - _PAIR_RANK_BITS
+_OP_SEQ_BITS = 40        # one batch's operations: (comm, rank) row | seq
+_OP_CR_BITS = 63 - _OP_SEQ_BITS
+_SIG_OP_BITS = 5         # completed-signature keys: comm index | op | bytes
+_SIG_BYTES_BITS = 38
+_SIG_COMM_BITS = 63 - _SIG_OP_BITS - _SIG_BYTES_BITS
+_SIG_PENDING = 64        # batches of signature counts merged at once
 
 
 @dataclass
@@ -185,14 +191,7 @@ def _match(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> np.ndarray:
         return out
     packed = _pack_keys(a, b)
     if packed is not None:
-        ka, kb = packed
-        index = pd.Index(ka)
-        if index.is_unique:
-            return np.asarray(index.get_indexer(kb), dtype=np.int64)
-        codes, uniq = pd.factorize(ka)
-        first = _first_positions(codes)
-        hit = pd.Index(uniq).get_indexer(kb)
-        return np.where(hit >= 0, first[np.maximum(hit, 0)], -1).astype(np.int64)
+        return _lookup(*packed)
     if len(a) == 3:
         a = (_cr_key(a[0], a[1]), a[2])
         b = (_cr_key(b[0], b[1]), b[2])
@@ -211,6 +210,18 @@ def _match(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> np.ndarray:
     is_b = order >= na
     out[order[is_b] - na] = hit[is_b]
     return out
+
+
+def _lookup(ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """For each int64 key of ``kb``, the index of the equal key of ``ka`` (the first one
+    when a key repeats), or -1: a hash lookup."""
+    index = pd.Index(ka)
+    if index.is_unique:
+        return np.asarray(index.get_indexer(kb), dtype=np.int64)
+    codes, uniq = pd.factorize(ka)
+    first = _first_positions(codes)
+    hit = pd.Index(uniq).get_indexer(kb)
+    return np.where(hit >= 0, first[np.maximum(hit, 0)], -1).astype(np.int64)
 
 
 def _pack_keys(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]
@@ -381,6 +392,14 @@ def _unpack_z(text: str, count: int) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i8").astype(np.int64)
 
 
+def _sig_tuples(keys: np.ndarray) -> list[tuple[int, int, int]]:
+    """(comm index, op, bytes) of packed signature keys (:meth:`HangDetector._count_signatures`)."""
+    c = keys >> (_SIG_OP_BITS + _SIG_BYTES_BITS)
+    o = (keys >> _SIG_BYTES_BITS) & ((1 << _SIG_OP_BITS) - 1)
+    b = keys & ((1 << _SIG_BYTES_BITS) - 1)
+    return list(zip(c.tolist(), o.tolist(), b.tolist(), strict=True))
+
+
 def _saturate(a: np.ndarray) -> np.ndarray:
     """Unsigned 64-bit counters read as int64 (wrapped above 2**63 - 1) saturated
     instead, as :func:`_u64_to_i64` does."""
@@ -519,6 +538,7 @@ class HangDetector:
         self._comm_kind: list[str | None] = []
         self._comm_size: list[int] = []
         self._comm_p2p: list[bool] = []
+        self._comm_sorted: tuple[np.ndarray, np.ndarray] | None = None  # ids sorted, index
         self._meta_members: dict[int, np.ndarray] = {}
         self._mcache: dict[int, np.ndarray] = {}
         # per (comm, rank) and per (comm, comm rank)
@@ -552,7 +572,10 @@ class HangDetector:
         self._qp_info: list[tuple[str, str, str | None, int]] = []
         self._qp = {n: np.zeros(0, np.int64) for n in
                     ("last_t", "posted", "completed", "t_change", "posted_change")}
-        self._signatures: dict[tuple[int, int, int], int] = {}
+        # completed (comm, op, bytes) counts; this batch's counted in numpy, merged into the
+        # dict when read (:attr:`_signatures`) or every ``_SIG_PENDING`` batches
+        self._sig_book: dict[tuple[int, int, int], int] = {}
+        self._sig_pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._link_period = 0
         # hangs
         self._hangs: list[_Hang] = []
@@ -661,6 +684,7 @@ class HangDetector:
         comms = state["comms"]
         self._comm_u64 = [int(c) for c in comms["u64"]]
         self._comm_ids = {c: i for i, c in enumerate(self._comm_u64)}
+        self._comm_sorted = None
         self._comm_kind = list(comms["kind"])
         self._comm_size = [int(s) for s in comms["size"]]
         self._comm_p2p = [bool(p) for p in comms["p2p"]]
@@ -721,14 +745,27 @@ class HangDetector:
         row."""
         codes, uniq = pd.factorize(comm)
         uniq = np.asarray(uniq)
-        get = self._comm_ids.get
-        ids = np.array([get(c, -1) for c in uniq.tolist()], dtype=np.int64)
+        ids = self._known_comms(uniq)
         if sizes is not None and (ids < 0).any():
             first = _first_positions(codes)
             new = np.flatnonzero(ids < 0)
             for j in new[np.argsort(uniq[new], kind="stable")].tolist():
                 ids[j] = self._register_comm(int(uniq[j]), int(sizes[first[j]]))
         return ids[codes]
+
+    def _known_comms(self, uniq: np.ndarray) -> np.ndarray:
+        """Index of each communicator id of ``uniq`` (-1: not registered): a binary search
+        in the registered ids kept sorted (rebuilt when one is registered)."""
+        get = self._comm_ids.get
+        if uniq.dtype != np.uint64 or not len(self._comm_u64):
+            return np.array([get(c, -1) for c in uniq.tolist()], dtype=np.int64)
+        if self._comm_sorted is None or len(self._comm_sorted[0]) != len(self._comm_u64):
+            ids = np.asarray(self._comm_u64, dtype=np.uint64)
+            by_id = np.argsort(ids, kind="stable")
+            self._comm_sorted = (ids[by_id], by_id.astype(np.int64))
+        keys, where = self._comm_sorted
+        pos = np.minimum(np.searchsorted(keys, uniq), len(keys) - 1)
+        return np.where(keys[pos] == uniq, where[pos], -1)
 
     def _grow_ranks(self, max_rank: int) -> None:
         n = max_rank + 1 - len(self._rk_last)
@@ -748,21 +785,48 @@ class HangDetector:
         ci = self._comm_index(cols["comm"], csize)
         seq = _saturate(cols["seq"])
         op_a = cols["op"]
-        phase = ~cols["is_enter"]
+        enter = cols["is_enter"]
         nbytes = _saturate(cols["bytes"])
         peer = cols["peer"]
         t = cols["t"]
         self._latest = max(self._latest, int(t.max()))
         self._observe_ranks(rank, t)
-        enter = ~phase
-        if enter.any():
-            self._ingest_enters(rank[enter], ci[enter], crank[enter], seq[enter], op_a[enter],
-                                nbytes[enter], peer[enter], t[enter])
-        if phase.any():
-            self._ingest_ends(rank[phase], ci[phase], seq[phase], op_a[phase], nbytes[phase],
-                              t[phase])
+        n_enter = int(np.count_nonzero(enter))
+        # (comm, rank) rows of every record at once (enters first set theirs, then ends)
+        cr_idx = self._cr.ensure(_cr_key(ci, rank))
+        if n_enter == len(rank):
+            e_sel: Any = slice(None)
+            ends: np.ndarray | None = None
+        elif n_enter == 0:
+            e_sel, ends = None, None
+        else:
+            e_sel = np.flatnonzero(enter)
+            ends = np.flatnonzero(~enter)
+        # every record and earlier orphan end against the operations in flight before this
+        # batch, in one lookup: enters already in flight are duplicates, ends complete them
+        fl, orph = self._fl, self._orphans
+        old_hit = old_orph = None
+        if len(fl["t"]) and (n_enter < len(rank) or len(orph["t"])):
+            hits = _match_ops(fl["comm"], fl["rank"], fl["seq"],
+                              np.concatenate([ci, orph["comm"]]),
+                              np.concatenate([rank, orph["rank"]]),
+                              np.concatenate([seq, orph["seq"]]))
+            old_hit, old_orph = hits[:len(rank)], hits[len(rank):]
+        new = None
+        if e_sel is not None:
+            new = self._ingest_enters(rank[e_sel], ci[e_sel], crank[e_sel], seq[e_sel],
+                                      op_a[e_sel], nbytes[e_sel], peer[e_sel], t[e_sel],
+                                      cr_idx[e_sel],
+                                      None if old_hit is None else old_hit[e_sel] >= 0)
+        if n_enter < len(rank):
+            sel: Any = slice(None) if ends is None else ends
+            self._ingest_ends(rank[sel], ci[sel], seq[sel], op_a[sel], nbytes[sel], t[sel],
+                              cr_idx[sel], new, None if old_hit is None or old_orph is None
+                              else np.concatenate([old_orph, old_hit[sel]]))
         elif len(self._orphans["t"]):
-            self._ingest_ends(*(np.zeros(0, np.int64),) * 6)
+            self._ingest_ends(*(np.zeros(0, np.int64),) * 7, new, old_orph)
+        elif new is not None:
+            self._fl = {n: np.concatenate([self._fl[n], new[n]]) for n in _INFLIGHT}
 
     def _observe_ranks(self, rank: np.ndarray, t: np.ndarray) -> None:
         """Last record time and longest gap between a rank's own records (silence baseline)."""
@@ -775,9 +839,12 @@ class HangDetector:
         first[1:] = r[1:] != r[:-1]
         prev[first] = self._rk_last[r[first]]
         ok = prev != NO_TIME
-        gaps = np.where(ok, ts - prev, 0)
-        np.maximum.at(self._rk_gap, r[ok], gaps[ok])
-        np.add.at(self._rk_ngap, r[ok], 1)
+        # per rank (contiguous groups): the longest gap and the number of gaps
+        heads = np.flatnonzero(first)
+        uniq = r[heads]
+        gap = np.maximum.reduceat(np.where(ok, ts - prev, NO_TIME), heads)
+        self._rk_gap[uniq] = np.maximum(self._rk_gap[uniq], gap)
+        self._rk_ngap[uniq] += np.add.reduceat(ok.astype(np.int64), heads)
         last = np.ones(len(r), dtype=bool)
         last[:-1] = r[1:] != r[:-1]
         self._rk_last[r[last]] = np.maximum(self._rk_last[r[last]], ts[last])
@@ -787,50 +854,68 @@ class HangDetector:
 
     def _ingest_enters(self, rank: np.ndarray, ci: np.ndarray, crank: np.ndarray,
                        seq: np.ndarray, op: np.ndarray, nbytes: np.ndarray, peer: np.ndarray,
-                       t: np.ndarray) -> None:
+                       t: np.ndarray, idx: np.ndarray, dup: np.ndarray | None = None
+                       ) -> dict[str, np.ndarray]:
+        """Entered operations (``idx``: their (comm, rank) rows): membership, seq counters,
+        point-to-point indices; returns the new in-flight rows (duplicates of operations
+        already in flight dropped), which :meth:`_ingest_ends` appends after matching this
+        batch's ends with them. ``dup``: which are already in flight (None: computed)."""
         # membership: (comm, comm rank) -> global rank; (comm, rank) state
         self._mcache.clear()
         k = self._crk.ensure(_cr_key(ci, crank))
         self._crk.cols["rank"][k] = rank
-        idx = self._cr.ensure(_cr_key(ci, rank))
         cols = self._cr.cols
         cols["crank"][idx] = crank
         np.maximum.at(cols["last_seq"], idx, seq)
         np.maximum.at(cols["last_t"], idx, t)
         zero = seq == 0
-        cols["seq0"][idx[zero]] = True
+        if zero.any():
+            cols["seq0"][idx[zero]] = True
         # point-to-point: index k of the k-th operation per (comm, rank, peer, direction)
         p2p = (op == SEND) | (op == RECV)
         pidx = np.full(len(rank), -1, dtype=np.int64)
         if p2p.any():
-            for c in pd.unique(ci[p2p]).tolist():
-                self._comm_p2p[c] = True
-            pk = _pair_key(ci[p2p], rank[p2p], peer[p2p], op[p2p] == RECV)
-            order = _group_order(pk, seq[p2p], any_order=True)
-            sk = pk[order]
-            start = np.ones(len(sk), dtype=bool)
-            start[1:] = sk[1:] != sk[:-1]
-            head = np.maximum.accumulate(np.where(start, np.arange(len(sk)), 0))
-            pos = np.arange(len(sk)) - head
-            prow = self._pairs.ensure(sk)
-            base = self._pairs.cols["count"][prow]
-            sub = np.empty(len(sk), dtype=np.int64)
-            sub[order] = base + pos
-            pidx[np.flatnonzero(p2p)] = sub
-            np.add.at(self._pairs.cols["count"], prow, 1)
+            at = np.flatnonzero(p2p)
+            ci_p = ci[at]
+            flags = np.asarray(self._comm_p2p, dtype=bool)
+            if not flags[ci_p].all():
+                comms = pd.unique(ci_p)
+                for c in comms[~flags[comms]].tolist():
+                    self._comm_p2p[c] = True
+            pk = _pair_key(ci_p, rank[at], peer[at], op[at] == RECV)
+            codes, uniq = pd.factorize(pk)
+            # grouped by pair, in seq order within a pair (ties in input order)
+            seq_p = seq[at]
+            order = stable_argsort(codes)
+            g = codes[order]
+            x = seq_p[order]
+            if np.any((g[1:] == g[:-1]) & (x[1:] < x[:-1])):
+                order = np.lexsort((seq_p, codes))
+                g = codes[order]
+            start = np.ones(len(g), dtype=bool)
+            start[1:] = g[1:] != g[:-1]
+            head = np.maximum.accumulate(np.where(start, np.arange(len(g)), 0))
+            prow = self._pairs.ensure(np.asarray(uniq, dtype=np.int64))
+            count = self._pairs.cols["count"]
+            sub = np.empty(len(g), dtype=np.int64)
+            sub[order] = count[prow][g] + (np.arange(len(g)) - head)
+            pidx[at] = sub
+            count[prow] += np.bincount(codes, minlength=len(prow))
         new = {"rank": rank, "comm": ci, "seq": seq, "op": op, "bytes": nbytes, "peer": peer,
                "crank": crank, "t": t, "pidx": pidx,
                "steps": np.full(len(rank), -1, np.int64),
                "steps_t": np.full(len(rank), NO_TIME, np.int64),
-               "hang": np.full(len(rank), -1, np.int64)}
+               "hang": np.full(len(rank), -1, np.int64), "_cr": idx}
         # duplicates of operations already in flight are ignored
-        dup = _match_ops(self._fl["comm"], self._fl["rank"], self._fl["seq"],
-                         ci, rank, seq) >= 0
-        if dup.any():
-            new = {n: a[~dup] for n, a in new.items()}
-        self._fl = {n: np.concatenate([self._fl[n], new[n]]) for n in _INFLIGHT}
+        if len(self._fl["t"]):
+            if dup is None:
+                dup = _match_ops(self._fl["comm"], self._fl["rank"], self._fl["seq"],
+                                 ci, rank, seq) >= 0
+            if dup.any():
+                new = {n: a[~dup] for n, a in new.items()}
         self._fl_version += 1
         self._remember(new)
+        return new
 
     def _remember(self, new: dict[str, np.ndarray]) -> None:
         """Append entered operations to their rank's ring of recent operations (in order of
@@ -851,10 +936,10 @@ class HangDetector:
         if not keep.all():
             order, r, pos = order[keep], r[keep], pos[keep]
         slot = (self._ring_n[r] + pos) % width
-        vals = np.empty((len(order), len(_RING)), dtype=np.int64)
+        vals = np.empty((len(_RING), len(order)), dtype=np.int64)
         for j, c in enumerate(_RING):
-            np.take(new[c], order, out=vals[:, j])
-        self._ring[r, slot] = vals
+            np.take(new[c], order, out=vals[j])     # contiguous rows, written as columns
+        self._ring[r, slot] = vals.T
         self._ring_n[uniq] += counts
 
     def recent_ops(self, rank: int) -> dict[str, np.ndarray]:
@@ -870,60 +955,165 @@ class HangDetector:
         return {c: block[:, j] for j, c in enumerate(_RING)}
 
     def _ingest_ends(self, rank: np.ndarray, ci: np.ndarray, seq: np.ndarray, op: np.ndarray,
-                     nbytes: np.ndarray, t: np.ndarray) -> None:
+                     nbytes: np.ndarray, t: np.ndarray, idx: np.ndarray,
+                     new: dict[str, np.ndarray] | None = None,
+                     old_hit: np.ndarray | None = None) -> None:
+        """Ended operations (``idx``: their (comm, rank) rows) and earlier orphan ends,
+        matched with the operations in flight and ``new`` (this batch's entered operations,
+        in flight after the earlier ones): completed ones leave, their durations are
+        learned; ``new`` operations still open join the in-flight table. ``old_hit``: the
+        match of the orphans, then the ends, among the earlier operations (None: computed)."""
         if len(rank):
-            idx = self._cr.ensure(_cr_key(ci, rank))
             cols = self._cr.cols
-            order = _group_order(idx, seq)
-            last = np.ones(len(order), dtype=bool)
-            last[:-1] = idx[order][1:] != idx[order][:-1]
-            sel = order[last]
+            # per (comm, rank): the end of the highest seq (the last such row on a tie)
+            top = np.full(len(self._cr), NO_TIME, dtype=np.int64)
+            np.maximum.at(top, idx, seq)
+            cand = np.flatnonzero(seq == top[idx])
+            pick = np.full(len(top), -1, dtype=np.int64)
+            np.maximum.at(pick, idx[cand], cand)
+            sel = pick[pick >= 0]
             newer = seq[sel] > cols["done_seq"][idx[sel]]
             sel = sel[newer]
             cols["done_seq"][idx[sel]] = seq[sel]
             cols["done_op"][idx[sel]] = op[sel]
             cols["done_bytes"][idx[sel]] = nbytes[sel]
             self._count_signatures(ci, op, nbytes)
-        # match ends (and earlier orphans) with in-flight operations
+        # match ends (and earlier orphans) with in-flight operations: those in flight before
+        # this batch first, then this batch's entered ones
         o = self._orphans
         e_comm = np.concatenate([o["comm"], ci])
         e_rank = np.concatenate([o["rank"], rank])
         e_seq = np.concatenate([o["seq"], seq])
         e_t = np.concatenate([o["t"], t])
-        fl = self._fl
-        hit = _match_ops(fl["comm"], fl["rank"], fl["seq"], e_comm, e_rank, e_seq)
-        matched = hit >= 0
-        done = np.zeros(len(fl["t"]), dtype=bool)
-        end_t = np.full(len(fl["t"]), NO_TIME, dtype=np.int64)
-        done[hit[matched]] = True
-        np.maximum.at(end_t, hit[matched], e_t[matched])
+        parts = [self._fl] if new is None else [self._fl, new]
+        matched = np.zeros(len(e_t), dtype=bool)
+        dones, end_ts = [], []
+        for part in parts:
+            n = len(part["t"])
+            done = np.zeros(n, dtype=bool)
+            end_t = np.full(n, NO_TIME, dtype=np.int64)
+            if n and len(e_t):
+                free = np.flatnonzero(~matched)
+                if part is self._fl and old_hit is not None:
+                    hit = old_hit
+                elif part is new and not len(o["t"]) and len(self._cr) < 1 << _OP_CR_BITS \
+                        and int(e_seq.max()) < 1 << _OP_SEQ_BITS \
+                        and int(new["seq"].max()) < 1 << _OP_SEQ_BITS:
+                    # this batch's ends with its enters: keyed by (comm, rank) row and seq
+                    hit = _lookup((new["_cr"] << _OP_SEQ_BITS) | new["seq"],
+                                  (idx[free] << _OP_SEQ_BITS) | seq[free])
+                else:
+                    hit = _match_ops(part["comm"], part["rank"], part["seq"], e_comm[free],
+                                     e_rank[free], e_seq[free])
+                ok = hit >= 0
+                matched[free[ok]] = True
+                done[hit[ok]] = True
+                np.maximum.at(end_t, hit[ok], e_t[free[ok]])
+            dones.append(done)
+            end_ts.append(end_t)
         # an operation on a communicator whose later collective completed has completed
         # too (one stream per communicator runs in call order): its end row was lost
-        crow = self._cr.find(_cr_key(fl["comm"], fl["rank"]))
-        done_seq = np.where(crow >= 0, self._cr.cols["done_seq"][np.maximum(crow, 0)], -1)
-        coll = (fl["op"] != SEND) & (fl["op"] != RECV)
-        lost = coll & (fl["seq"] < done_seq) & ~done
-        done |= lost
-        end_t[lost] = self._latest
-        if done.any():
-            ok = done & ~lost
-            self._learn(fl["comm"][ok], fl["op"][ok], fl["bytes"][ok], (end_t - fl["t"])[ok],
-                        fl["hang"][ok])
-            for h in np.unique(fl["hang"][done]).tolist():
-                if h >= 0:
-                    sel = done & (fl["hang"] == h)
-                    self._hangs[h].last_end = max(self._hangs[h].last_end, int(end_t[sel].max()))
-            self._fl = {n: a[~done] for n, a in fl.items()}
+        losts = []
+        for part, done, end_t in zip(parts, dones, end_ts, strict=True):
+            lost = np.zeros(len(done), dtype=bool)
+            open_ = np.flatnonzero((part["op"] != SEND) & (part["op"] != RECV) & ~done)
+            if len(open_):
+                crow = self._cr.find(_cr_key(part["comm"][open_], part["rank"][open_]))
+                done_seq = np.where(crow >= 0, self._cr.cols["done_seq"][np.maximum(crow, 0)],
+                                    -1)
+                lost[open_[part["seq"][open_] < done_seq]] = True
+                done |= lost
+                end_t[lost] = self._latest
+            losts.append(lost)
+        if any(d.any() for d in dones):
+            oks = [d & ~lost for d, lost in zip(dones, losts, strict=True)]
+
+            def cat(name: str) -> np.ndarray:
+                return np.concatenate([p[name][ok] for p, ok in zip(parts, oks, strict=True)])
+
+            dur = np.concatenate([(e - p["t"])[ok] for p, e, ok in
+                                  zip(parts, end_ts, oks, strict=True)])
+            self._learn(cat("comm"), cat("op"), cat("bytes"), dur, cat("hang"))
+            fl, done, end_t = self._fl, dones[0], end_ts[0]
+            in_hang = done & (fl["hang"] >= 0)
+            if in_hang.any():
+                for h in np.unique(fl["hang"][in_hang]).tolist():
+                    sel_h = done & (fl["hang"] == h)
+                    self._hangs[h].last_end = max(self._hangs[h].last_end,
+                                                  int(end_t[sel_h].max()))
             self._fl_version += 1
+        if new is not None:
+            self._fl = {n: np.concatenate([p[n][~d] for p, d in zip(parts, dones, strict=True)])
+                        for n in _INFLIGHT}
+        elif dones[0].any():
+            self._fl = {n: a[~dones[0]] for n, a in self._fl.items()}
         # unmatched ends wait for their enter (records of a kind may come in any order)
         keep = ~matched & (e_t >= self._latest - self.config.ceiling_ns)
         keep_idx = np.flatnonzero(keep)[-self.config.max_orphans:]
         self._orphans = {"comm": e_comm[keep_idx], "rank": e_rank[keep_idx],
                          "seq": e_seq[keep_idx], "t": e_t[keep_idx]}
 
+    @property
+    def _signatures(self) -> dict[tuple[int, int, int], int]:
+        """How often each (comm, op, bytes) completed (pending batches merged first)."""
+        self._merge_signatures()
+        return self._sig_book
+
+    @_signatures.setter
+    def _signatures(self, book: dict[tuple[int, int, int], int]) -> None:
+        self._sig_book = book
+        self._sig_pending = []
+
     def _count_signatures(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray) -> None:
         """How often each (comm, op, bytes) completed: breaks ties between the two sides of
-        an inconsistent round (the usual signature is not the deviating one)."""
+        an inconsistent round (the usual signature is not the deviating one). Counted per
+        batch in numpy on one packed key (comm index, op, bytes) and merged into the book
+        later, in the order the per-batch merges would have given."""
+        if (len(ci) and int(ci.min()) >= 0 and int(ci.max()) < 1 << _SIG_COMM_BITS
+                and int(op.min()) >= 0 and int(op.max()) < 1 << _SIG_OP_BITS
+                and int(nbytes.min()) >= 0 and int(nbytes.max()) < 1 << _SIG_BYTES_BITS):
+            key = ((ci << (_SIG_OP_BITS + _SIG_BYTES_BITS)) | (op << _SIG_BYTES_BITS)
+                   | nbytes)
+            codes, uniq = pd.factorize(key)
+            self._sig_pending.append((np.asarray(uniq, dtype=np.int64),
+                                      np.bincount(codes, minlength=len(uniq))))
+            if len(self._sig_pending) >= _SIG_PENDING:
+                self._merge_signatures()
+            return
+        self._merge_signatures()
+        self._count_now(ci, op, nbytes)
+
+    def _merge_signatures(self) -> None:
+        """Merge the pending per-batch counts into the book. Without an eviction on the way
+        (the book stays within ``4 x max_signatures``) all at once: new signatures enter in
+        order of their first batch, then of (comm, op, bytes), as batch by batch; else batch
+        by batch."""
+        pending = self._sig_pending
+        if not pending:
+            return
+        self._sig_pending = []
+        keys = np.concatenate([k for k, _ in pending])
+        counts = np.concatenate([c for _, c in pending])
+        batch = np.repeat(np.arange(len(pending)), [len(k) for k, _ in pending])
+        codes, uniq = pd.factorize(keys)
+        uniq = np.asarray(uniq, dtype=np.int64)
+        total = np.zeros(len(uniq), dtype=np.int64)
+        np.add.at(total, codes, counts)
+        first = batch[_first_positions(codes)]
+        order = np.lexsort((uniq, first))
+        sigs = _sig_tuples(uniq[order])
+        book = self._sig_book
+        fresh = sum(1 for k in sigs if k not in book)
+        if len(book) + fresh <= 4 * self.config.max_signatures:
+            for k, n in zip(sigs, total[order].tolist(), strict=True):
+                book[k] = book.get(k, 0) + n
+            return
+        for k_b, c_b in pending:
+            by_key = np.argsort(k_b, kind="stable")
+            self._add_signatures(_sig_tuples(k_b[by_key]), c_b[by_key].tolist())
+
+    def _count_now(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray) -> None:
+        """:meth:`_count_signatures` of one batch straight into the book."""
         packed = _pack_keys((ci, op, nbytes), (ci[:1], op[:1], nbytes[:1]))
         if packed is not None:
             # group by hashing; the groups in key order, as sorting would give them
@@ -940,13 +1130,19 @@ class HangDetector:
             start[1:] = (c_s[1:] != c_s[:-1]) | (o_s[1:] != o_s[:-1]) | (b_s[1:] != b_s[:-1])
             heads = np.flatnonzero(start)
             counts = np.diff(np.append(heads, len(order)))
-        book = self._signatures
-        for c, o, b, n in zip(c_s[heads].tolist(), o_s[heads].tolist(), b_s[heads].tolist(),
-                              counts.tolist(), strict=True):
-            book[(c, o, b)] = book.get((c, o, b), 0) + n
+        sigs = list(zip(c_s[heads].tolist(), o_s[heads].tolist(), b_s[heads].tolist(),
+                        strict=True))
+        self._add_signatures(sigs, counts.tolist())
+
+    def _add_signatures(self, sigs: list[tuple[int, int, int]], counts: list[int]) -> None:
+        """Add one batch's counts (signatures in key order); keep the ``max_signatures``
+        most frequent when the book grows beyond four times that."""
+        book = self._sig_book
+        for k, n in zip(sigs, counts, strict=True):
+            book[k] = book.get(k, 0) + n
         if len(book) > 4 * self.config.max_signatures:
             keep = sorted(book.items(), key=lambda kv: -kv[1])[: self.config.max_signatures]
-            self._signatures = dict(keep)
+            self._sig_book = dict(keep)
 
     def _learn(self, ci: np.ndarray, op: np.ndarray, nbytes: np.ndarray, dur: np.ndarray,
                hang: np.ndarray) -> None:
@@ -992,15 +1188,25 @@ class HangDetector:
         k = self.config.history
         keep = pos >= np.repeat(counts, counts) - k
         slot = (self._dur_pos[g] + pos) % k
-        self._dur[g[keep], slot[keep]] = dur[order][keep]
+        rows_w, slots_w, vals = g[keep], slot[keep], dur[order][keep]
+        evicted = self._dur[rows_w, slots_w]
+        self._dur[rows_w, slots_w] = vals
         self._dur_pos[uniq] = (self._dur_pos[uniq] + counts) % k
         self._dur_n[uniq] += counts
+        if self.config.quantile >= 1.0:
+            # the largest filled slot (empty slots hold -1, durations are >= 0): the old
+            # largest or a new value, unless a value as large as the old largest left
+            at = np.searchsorted(rows_w, uniq)
+            old = self._exp[uniq]
+            top = np.maximum(old, np.maximum.reduceat(vals, at))
+            gone = np.maximum.reduceat(evicted, at)
+            again = (gone >= 0) & (gone >= old)
+            if again.any():
+                top[again] = self._dur[uniq[again]].max(axis=1)
+            self._exp[uniq] = top
+            return
         # quantile ("higher" method) of the filled slots, vectorised over the touched rows
         block = self._dur[uniq]
-        if self.config.quantile >= 1.0:
-            # the largest filled slot (empty slots hold -1, durations are >= 0)
-            self._exp[uniq] = block.max(axis=1)
-            return
         filled = np.minimum(self._dur_n[uniq], k)
         block = np.sort(np.where(block < 0, np.iinfo(np.int64).max, block), axis=1)
         at = np.ceil(self.config.quantile * (filled - 1)).astype(np.int64)

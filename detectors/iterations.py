@@ -77,6 +77,18 @@ def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
     return out
 
 
+_EMPTY: dict[str, pa.Table] = {}
+
+
+def empty_table(kind: str) -> pa.Table:
+    """``results.empty(kind)``, built once (an Arrow table is immutable; building one from
+    its schema costs more than a small batch's detection)."""
+    table = _EMPTY.get(kind)
+    if table is None:
+        table = _EMPTY[kind] = results.empty(kind)
+    return table
+
+
 def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:
     """One int64 per row ordering like the ``by`` columns lexicographically (each column
     offset by its minimum and given just enough bits); None when they do not fit."""
@@ -151,6 +163,16 @@ def _median(x: np.ndarray) -> float:
     if n % 2:
         return float(s[n // 2])
     return (float(s[n // 2 - 1]) + float(s[n // 2])) / 2.0
+
+
+def _median0(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=0)`` of a 2-d array with rows and no NaN, by one sort along the
+    first axis (the median of an even count is the mean of the middle two, as numpy's)."""
+    s = np.sort(x, axis=0)
+    n = s.shape[0]
+    if n % 2:
+        return s[n // 2].astype(np.float64)
+    return (s[n // 2 - 1].astype(np.float64) + s[n // 2].astype(np.float64)) / 2.0
 
 
 def _group_starts(*keys: np.ndarray) -> np.ndarray:
@@ -311,11 +333,11 @@ class IterationTracker:
     def update(self, batch: EventBatch) -> pa.Table:
         coll = batch.get("coll")
         if coll is None or coll.num_rows == 0:
-            return results.empty("iterations")
+            return empty_table("iterations")
         cols = coll_columns(coll)
         sel = cols["is_enter"]
         if not sel.any():
-            return results.empty("iterations")
+            return empty_table("iterations")
         pick = np.flatnonzero(sel)
         rank = cols["rank"][pick]
         t = cols["t"][pick]
@@ -326,7 +348,10 @@ class IterationTracker:
         comm = cols["comm"][pick]
 
         new_b: list[np.ndarray] = []  # boundaries (rank, idx, t)
-        uranks, starts, counts = np.unique(rank, return_index=True, return_counts=True)
+        # ranks in order (rows are sorted by rank): each one's first row and row count
+        starts = np.flatnonzero(np.concatenate(([True], rank[1:] != rank[:-1])))
+        uranks = rank[starts]
+        counts = np.diff(np.append(starts, len(rank)))
         periods = self._periods_of(uranks)
         committed = periods > 0
         # committed ranks: one vectorized anchor test over all their rows
@@ -362,7 +387,7 @@ class IterationTracker:
                     new_b.extend(self._learn_batch(uranks[after], firsts, ends - firsts,
                                                    block))
         if not new_b:
-            return results.empty("iterations")
+            return empty_table("iterations")
         b = np.concatenate(new_b)
         rows = self._rank_rows(b)
         job_rows = self._job_rows(rows)
@@ -379,13 +404,18 @@ class IterationTracker:
         out: list[np.ndarray] = []
         pos = {}  # rank -> next unconsumed column of block
         heap: list[tuple[int, int]] = []
+        get, nbuf, top = self.ranks.get, self._nbuf.get, c.max_buffer
         for r, s0, cnt in zip(ranks.tolist(), starts.tolist(), counts.tolist(), strict=True):
-            st = self.ranks.get(r)
+            st = get(r)
             if st is None:
                 st = self.ranks[r] = _Rank(next_try=c.min_ops)
                 self._committed_all = False
-            pos[r] = (s0, s0 + cnt)
-            self._push_attempt(heap, r, st, s0, s0 + cnt, block)
+            end = s0 + cnt
+            pos[r] = (s0, end)
+            # :meth:`_push_attempt`, inline (once per learning rank and batch)
+            cut = s0 + max(min(st.next_try, top) - nbuf(r, 0), 1)
+            if cut <= end:
+                heapq.heappush(heap, (int(block[4, cut - 1]), r))
         while heap:
             _, r = heapq.heappop(heap)
             st = self.ranks[r]
@@ -408,10 +438,11 @@ class IterationTracker:
                 pos[r] = (end, end)
             else:
                 self._push_attempt(heap, r, st, cut, end, block)
+        ranks_st, bufs, counts_n = self.ranks, self._buf, self._nbuf
         for r, (p0, end) in pos.items():
-            if end > p0 and not self.ranks[r].period:
-                self._buf.setdefault(r, []).append(block[:, p0:end])
-                self._nbuf[r] = self._nbuf.get(r, 0) + (end - p0)
+            if end > p0 and not ranks_st[r].period:
+                bufs.setdefault(r, []).append(block[:, p0:end])
+                counts_n[r] = counts_n.get(r, 0) + (end - p0)
         return out
 
     def _push_attempt(self, heap: list[tuple[int, int]], r: int, st: _Rank, p0: int,
@@ -621,13 +652,13 @@ class IterationTracker:
             if len(near):
                 pos = np.clip(np.searchsorted(rt, near), 1, len(rt) - 1)
                 dist = np.minimum(np.abs(near - rt[pos - 1]), np.abs(near - rt[pos]))
-                phase = int(np.argmin(np.median(dist, axis=0)))
+                phase = int(np.argmin(_median0(dist)))
         if phase < 0:
             gaps = np.concatenate(([np.nan], np.diff(t).astype(np.float64)))[lo:]
             g = gaps.reshape(k, period)
             if k > 1:
                 g = g[1:]  # the first period may hold the pause before the trace began
-            phase = int(np.argmax(np.median(np.where(np.isnan(g), -np.inf, g), axis=0)))
+            phase = int(np.argmax(_median0(np.where(np.isnan(g), -np.inf, g))))
         pos = lo + (k - 1) * period + phase  # the anchor in the last full period
         a_comm = comm[pos]
         window = comm[lo + (k - 1) * period: lo + k * period]
@@ -650,8 +681,9 @@ class IterationTracker:
         b = b[np.lexsort((b[:, 1], b[:, 0]))]
         # per rank with new boundaries: prepend its latest known boundary
         uranks = np.unique(b[:, 0])
-        prev = np.array([[r, self.ranks[int(r)].last_idx, self.ranks[int(r)].last_t]
-                         for r in uranks], dtype=np.int64).reshape(-1, 3)
+        ranks = self.ranks
+        prev = np.array([[r, ranks[r].last_idx, ranks[r].last_t] for r in uranks.tolist()],
+                        dtype=np.int64).reshape(-1, 3)
         allb = np.concatenate([prev, b])
         allb = allb[np.lexsort((allb[:, 1], allb[:, 0]))]
         # drop stale or duplicate boundaries
@@ -665,10 +697,10 @@ class IterationTracker:
         out = np.stack([allb[i, 0], allb[i, 1], allb[i, 2], allb[i + 1, 2]], axis=1)
         # remember the latest boundary per rank
         last = np.flatnonzero(np.append(allb[1:, 0] != allb[:-1, 0], True))
-        for r, idx, tt in allb[last]:
-            st = self.ranks[int(r)]
+        for r, idx, tt in allb[last].tolist():
+            st = self.ranks[r]
             if idx > st.last_idx:
-                st.last_idx, st.last_t = int(idx), int(tt)
+                st.last_idx, st.last_t = idx, tt
         return out.reshape(-1, 4)
 
     def _job_rows(self, rows: np.ndarray) -> np.ndarray:

@@ -1036,3 +1036,53 @@ def test_snapshot_ring_is_compressed_and_old_snapshots_restore() -> None:
         for r in range(job.meta().world_size):
             a, b = det.recent_ops(r), det2.recent_ops(r)
             assert all((a[c] == b[c]).all() for c in a)
+
+
+def test_signature_book_counted_per_batch_equals_counting_into_the_dict() -> None:
+    """The per-batch signature counts merged later (CCL-D §4.2.2 tie-break history) give the
+    same book, in the same order, as counting each batch straight into it, also when the
+    book overflows ``4 x max_signatures`` and keeps the most frequent."""
+    rng = np.random.default_rng(5)
+    for max_sig in (10_000, 6):
+        lazy = HangDetector(two_rank_meta(), HangConfig(max_signatures=max_sig))
+        eager = HangDetector(two_rank_meta(), HangConfig(max_signatures=max_sig))
+        for k in range(150):
+            n = int(rng.integers(1, 40))
+            ci = rng.integers(0, 12, n).astype(np.int64)
+            op = rng.integers(0, 4, n).astype(np.int64)
+            nbytes = rng.choice([4, 1 << 20, 3 << 20, 1 << 40], n).astype(np.int64)
+            if k == 70:                      # a size that does not pack: counted at once
+                nbytes[0] = 1 << 50
+            lazy._count_signatures(ci, op, nbytes)
+            eager._count_now(ci, op, nbytes)
+            if k % 37 == 0:
+                assert list(lazy._signatures.items()) == list(eager._signatures.items())
+        assert list(lazy._signatures.items()) == list(eager._signatures.items())
+        if max_sig == 6:
+            assert len(eager._signatures) <= 4 * max_sig
+
+
+def test_ends_in_the_batch_of_their_enters_with_duplicates_and_orphans() -> None:
+    """An end is matched with the operation in flight before the batch first, then with
+    the batch's own enters; a duplicate enter of an operation in flight is ignored, a
+    duplicate end completes once (its latest time), and an end whose enter comes later
+    waits for it. Nothing is left in flight, and the learned durations are the latest end
+    less the first enter."""
+    t = T0 + S
+    first = tp_rows(0, 0, t) + tp_rows(1, 0, t + 1)             # in flight before
+    second = (tp_rows(0, 0, t + 5) + tp_rows(1, 1, t + 10, t + 4 * MS)   # dup enter, same batch
+              + [{**tp_rows(0, 0, 0, t + 2 * MS)[1]}, {**tp_rows(0, 0, 0, t + 3 * MS)[1]},
+                 {**tp_rows(1, 0, 0, t + 3 * MS)[1]},
+                 {**tp_rows(0, 1, 0, t + 6 * MS)[1]}])           # end before its enter
+    third = tp_rows(0, 1, t + 4 * MS)
+    det = HangDetector(two_rank_meta())
+    det.update({"coll": events.from_rows("coll", first)})
+    det.update({"coll": events.from_rows("coll", second)})
+    assert len(det._fl["t"]) == 0
+    assert det._orphans["seq"].tolist() == [1]
+    det.update({"coll": events.from_rows("coll", third)})
+    assert len(det._fl["t"]) == 0 and len(det._orphans["t"]) == 0
+    assert int(det._tail.max()) == 4 * MS - 10   # rank 1 seq 1: enter t+10, end t+4ms
+    row = det._stat_row[det._comm_ids[TPC]].max()
+    durations = sorted(d for d in det._dur[row].tolist() if d >= 0)
+    assert durations == [6 * MS - 4 * MS, 3 * MS - 1, 3 * MS, 4 * MS - 10]

@@ -127,3 +127,18 @@ def test_stable_argsort_and_median_equal_numpy() -> None:
     for n in (1, 2, 7, 64):
         for x in (rng.integers(-10**12, 10**12, n), rng.normal(size=n) * 1e9):
             assert _median(x) == float(np.median(x))
+
+
+def test_column_median_equals_numpy_median_axis0() -> None:
+    """``_median0`` (the anchor-phase choice of Greyhound §4.2 iteration boundaries) is
+    ``np.median(x, axis=0)`` exactly: odd and even row counts, huge ints, -inf."""
+    from failslow.detectors.iterations import _median0
+
+    rng = np.random.default_rng(11)
+    for rows in range(1, 10):
+        for cols in (1, 2, 7):
+            x = rng.integers(-10**15, 10**15, (rows, cols))
+            assert np.array_equal(_median0(x), np.median(x, axis=0))
+            y = rng.normal(size=(rows, cols))
+            y[rng.random((rows, cols)) < 0.3] = -np.inf
+            assert np.array_equal(_median0(y), np.median(y, axis=0))
