@@ -4,6 +4,8 @@ that knows these columns."""
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -34,5 +36,8 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+@functools.cache
 def empty(kind: str) -> pa.Table:
+    """An empty table of ``kind``, built once (Arrow tables are immutable; building one
+    from its schema costs more than detecting on a small batch)."""
     return SCHEMAS[kind].empty_table()

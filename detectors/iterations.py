@@ -77,18 +77,6 @@ def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
     return out
 
 
-_EMPTY: dict[str, pa.Table] = {}
-
-
-def empty_table(kind: str) -> pa.Table:
-    """``results.empty(kind)``, built once (an Arrow table is immutable; building one from
-    its schema costs more than a small batch's detection)."""
-    table = _EMPTY.get(kind)
-    if table is None:
-        table = _EMPTY[kind] = results.empty(kind)
-    return table
-
-
 def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:
     """One int64 per row ordering like the ``by`` columns lexicographically (each column
     offset by its minimum and given just enough bits); None when they do not fit."""
@@ -333,11 +321,11 @@ class IterationTracker:
     def update(self, batch: EventBatch) -> pa.Table:
         coll = batch.get("coll")
         if coll is None or coll.num_rows == 0:
-            return empty_table("iterations")
+            return results.empty("iterations")
         cols = coll_columns(coll)
         sel = cols["is_enter"]
         if not sel.any():
-            return empty_table("iterations")
+            return results.empty("iterations")
         pick = np.flatnonzero(sel)
         rank = cols["rank"][pick]
         t = cols["t"][pick]
@@ -387,7 +375,7 @@ class IterationTracker:
                     new_b.extend(self._learn_batch(uranks[after], firsts, ends - firsts,
                                                    block))
         if not new_b:
-            return empty_table("iterations")
+            return results.empty("iterations")
         b = np.concatenate(new_b)
         rows = self._rank_rows(b)
         job_rows = self._job_rows(rows)

@@ -19,9 +19,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow import results
 from failslow.detectors.base import EventBatch
 from failslow.detectors.hang import HangConfig, HangDetector
-from failslow.detectors.iterations import IterationConfig, IterationTracker, empty_table
+from failslow.detectors.iterations import IterationConfig, IterationTracker
 from failslow.detectors.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
@@ -37,8 +38,8 @@ class Output:
     ``iterations`` rows (:data:`failslow.results.SCHEMAS`)."""
 
     anomalies: list[Anomaly] = field(default_factory=list)
-    rounds: pa.Table = field(default_factory=lambda: empty_table("rounds"))
-    iterations: pa.Table = field(default_factory=lambda: empty_table("iterations"))
+    rounds: pa.Table = field(default_factory=lambda: results.empty("rounds"))
+    iterations: pa.Table = field(default_factory=lambda: results.empty("iterations"))
     #: mitigation advice decided on these iterations and reports (Greyhound §5.1)
     advice: list[Advice] = field(default_factory=list)
 
@@ -95,7 +96,7 @@ class JobAnalyzer:
         if self.planner is None or (not found and (iterations is None
                                                    or not iterations.num_rows)):
             return []
-        return self.planner.update(empty_table("iterations") if iterations is None
+        return self.planner.update(results.empty("iterations") if iterations is None
                                    else iterations, found)
 
     def _record(self, found: list[Anomaly]) -> None:
