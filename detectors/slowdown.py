@@ -28,18 +28,24 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    on its own against the reference window before the onset, and a compute root (or a slow
    link) must be found again over the slow iterations (:meth:`SlowdownDetector._persistent`),
    more often than chance allows: noise names many ranks per iteration, so a rank shared
-   by two such sets is no evidence (:func:`_persistence_chance`). A first slow iteration
-   several healthy iterations long is judged by its two halves. A fail-slow is a
-   persistent slow component; GC pauses and bursts of jitter hit random ranks, and such
-   levels are dropped -- and once relieved, not proposed again. A further level with the
-   same root is the same anomaly grown worse; with another root it is a second anomaly.
+   by two such sets is no evidence (:func:`_persistence_chance`). An iteration whose window
+   holds no round of the slow groups says nothing about them (a once-per-iteration sync
+   that ends at the iteration boundary falls into every other window of whole time bins).
+   A first slow iteration several healthy iterations long is judged by its two halves. A
+   fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
+   ranks, and such levels are dropped -- and once relieved, not proposed again. A further
+   level with the same root is the same anomaly grown worse; with another root it is a
+   second anomaly. A slow link and compute roots outside its slow groups found together
+   are two faults, reported as two anomalies (CCL-D's S1 and S2, not S3).
 6. Localization of a window against its reference window:
    * communication (Greyhound §4.3 cross-group comparison): groups (a communicator, or the
      pair of a point-to-point channel) whose transfer time grew by more than 10% over their
      own reference and beyond the median of their *comparable cluster* (same kind, op and
      bytes) -- or the whole cluster when a link every group crosses is slow; the link is
      the node pair the slow groups' edges share (ring-neighbour analysis, ties broken by
-     queue-pair occupancy), named by two ranks at its ends;
+     queue-pair occupancy), named by two ranks at its ends (the edge whose queue pairs
+     alone filled, with ``link`` rows); a group's noise is its own reference spread, at
+     least its comparable cluster's pooled spread;
    * computation: ranks whose own compute per iteration grew by a share of the time lost
      and whom their peers wait on more (MEGATRACE: the timing of the calls shows the
      computation), else the sinks of the wait-for graph; the stage from spans or from the
@@ -48,7 +54,7 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
      the communicator that shows the anomaly (P near 1: late arrival, computation; near 0:
      transfer, communication), over the rounds from the anomaly's start on and against the
      ``T_base`` of the rounds before it, and used where the compute evidence is only the
-     wait graph.
+     wait graph; a communication verdict needs ``P < alpha``.
 """
 
 from __future__ import annotations
@@ -157,6 +163,9 @@ class CommRegistry:
             i = self._add(c.comm, len(c.ranks))
             self.members[i] = dict(enumerate(c.ranks))
             self.kinds[i] = c.kind
+            # a communicator the job meta declares is a collective group (a ring) unless
+            # it is a pipeline's
+            self.p2p_only[i] = c.kind == "pp"
 
     def _add(self, comm: int, size: int) -> int:
         i = len(self.ids)
@@ -1337,8 +1346,11 @@ class SlowdownConfig:
 
     # the verification's sign test at 1% (the series alone uses 0.1%): a level becomes an
     # anomaly only once a root persists over its slow iterations beyond chance
-    # (_persistent), which rejects the bursts of pauses and jitter such a test lets through
-    change: ChangeConfig = field(default_factory=lambda: ChangeConfig(alpha=0.01))
+    # (_persistent), which rejects the bursts of pauses and jitter such a test lets through;
+    # values count as slower from 4% on (a 5% slow-down must be found: at a 5% threshold
+    # only about half of its iterations would count)
+    change: ChangeConfig = field(default_factory=lambda: ChangeConfig(alpha=0.01,
+                                                                      threshold=0.04))
     # CCL-D §4.2.1
     baseline_rounds: int = 100  # T_base: mean T_max of the first m rounds ...
     baseline_seconds: float = 120.0  # ... m = min(100, rounds in the first two minutes)
@@ -1380,7 +1392,10 @@ class SlowdownConfig:
     #                             the job, each iteration naming its roots at random) at most
     #                             this often
     refine_iterations: int = 8  # an open anomaly's root may be refined this long
-    bin_shift: int = 24  # initial bin width 2^24 ns (17 ms); coarsened to ~1/8 iteration
+    bin_shift: int = 22  # initial bin width 2^22 ns (4.2 ms); coarsened to ~1/8 iteration
+    #                      (an iteration's own window must span several bins: its edges
+    #                      are whole bins, and the compute of a 60 ms iteration seen through
+    #                      3-4 bins of 17 ms depends on where the edges fall)
     max_pending_age_s: float = 600.0  # incomplete rounds older than this are dropped
 
 
@@ -1437,6 +1452,10 @@ class _Open:
     seg_before: int = 0  # the change tracker's healthy segment start before this onset
     per_iter: list[Any] = field(default_factory=list)  # per slow iteration: its signature
     first: int = 0  # the first slow iteration (from the onset) of the persistent root
+    # a slow link found with compute roots that are none of its ends' groups: a second,
+    # independent fault over the same level, reported as its own anomaly (the communication
+    # one; ``anomaly`` is then the compute one)
+    extra: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SlowdownDetector:
@@ -1753,10 +1772,21 @@ class SlowdownDetector:
             # CCL-D §4.2.2: the root's rounds lost time in transfer, not in its late
             # arrival; without gap evidence of its own compute this is no compute slow-down
             return []
-        if loc["cause"] == "communication" and loc.get("P") is not None and loc["P"] > c.beta:
-            # the mirror case: the slow group's rounds lost their time to a late arrival,
-            # not to the transfer (CCL-D: P > beta is computation): no slow link
+        if loc["cause"] == "communication" and loc.get("P") is not None and loc["P"] >= c.alpha:
+            # the mirror case: the slow group's rounds did not lose their time mostly to the
+            # transfer (CCL-D: only P < alpha is communication; P > beta is a late arrival,
+            # and in between the evidence is split): no slow link
             return []
+        extra: list[dict[str, Any]] = []
+        if loc["cause"] == "mixed" and loc["independent"]:
+            # two faults at once (a straggler and a slow link it does not use): one anomaly
+            # per root cause; the link's is kept only if its rounds lost time to transfer
+            link = self.localize(win, op, roots=[], comm=True, force_comm=True)
+            loc = self.localize(win, op, roots=roots, comm=False)
+            loc["signature"] = [comm_ok, nodes, roots]
+            if link["cause"] == "communication" and (link.get("P") is None
+                                                     or link["P"] <= c.beta):
+                extra.append({k: v for k, v in link.items() if k not in _INTERNAL})
         depth = self.levels.index(op)
         if depth > 0 and self._same(self.levels[depth - 1], loc):
             # the open anomaly grew worse: one fault, one anomaly
@@ -1769,7 +1799,7 @@ class SlowdownDetector:
         op.signature = loc["signature"]
         op.first = first
         op.anomaly.update({k: v for k, v in loc.items()
-                           if k not in ("confident", "signature", "evidence")})
+                           if k not in _INTERNAL})
         if first:
             # the root appeared some iterations after the level's onset: the anomaly is
             # the stretch from there on
@@ -1778,12 +1808,20 @@ class SlowdownDetector:
             durs = [d for _, t0, d in self.iters[a:] if t0 + d <= self.horizon]
             if durs and op.healthy_ns > 0:
                 op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
-        op.anomaly["start_ns"] = min(int(op.anomaly["start_ns"]), self.horizon - 1)
-        op.anomaly["detected_ns"] = int(self.horizon)
-        op.anomaly["id"] = f"slow-{self.next_id}"
-        self.next_id += 1
+        out = []
+        for j, loc_j in enumerate([{}, *extra]):
+            if j:
+                keep = {k: op.anomaly[k] for k in ("kind", "onset_iteration", "slowdown",
+                                                   "end_ns")}
+                op.extra.append({**keep, **loc_j})
+            a_j = op.extra[-1] if j else op.anomaly
+            a_j["start_ns"] = min(int(a_j["start_ns"]), self.horizon - 1)
+            a_j["detected_ns"] = int(self.horizon)
+            a_j["id"] = f"slow-{self.next_id}"
+            self.next_id += 1
+            out.append(self._anomaly(a_j))
         op.state = "open"
-        return [self._anomaly(op.anomaly)]
+        return out
 
     def _persistent(self, op: _Open, max_start: int | None = None
                     ) -> tuple[int, bool, list[str], list[int]] | None:
@@ -1801,7 +1839,9 @@ class SlowdownDetector:
                 break
             one = self.localize(self._window(op, self.iter_offset + a, t0 + d), op,
                                 light=True)
-            op.per_iter.append(one["signature"] if one["confident"] else None)
+            # the signature, and the slow groups behind its communication evidence
+            op.per_iter.append([*one["signature"], one["groups"]] if one["confident"]
+                               else None)
             a += 1
         k = len(op.per_iter)
 
@@ -1810,20 +1850,28 @@ class SlowdownDetector:
         world = max(self.meta.world_size, 1)
         chance = [min(len(sig[2]) / world, 1.0) if sig else 0.0 for sig in op.per_iter]
 
-        def stretch(member: list[bool], by_chance: bool = False) -> int | None:
-            """Earliest start of a persistent trailing stretch (None: none). With
-            ``by_chance``, the stretch must also be unlikely to arise by accident for any
-            rank (:func:`_persistence_chance`)."""
-            for s0 in range(k if max_start is None else min(k, max_start + 1)):
+        def stretch(member: list[bool | None], by_chance: bool = False) -> int | None:
+            """Earliest start of a persistent trailing stretch (None: none); iterations
+            whose ``member`` is None say nothing and are left out (a stretch starts at
+            the first of them before its first hit). With ``by_chance``, the stretch must
+            also be unlikely to arise by accident for any rank
+            (:func:`_persistence_chance`)."""
+            known = [i for i in range(k) if member[i] is not None]
+            for j, s0 in enumerate(known):
+                if max_start is not None and s0 > max_start:
+                    break
                 if not member[s0]:
                     continue
-                hits = sum(member[s0:])
+                rest = known[j:]
+                hits = sum(1 for i in rest if member[i])
+                n = len(rest)
                 # a root that appears only well after the onset needs one more iteration
                 need = 2 if s0 <= 1 else 3
-                if hits >= need and hits - 1 >= c.consistency * max(k - s0 - 1, 1) and (
-                        not by_chance or world * _persistence_chance(chance[s0:], hits)
-                        <= c.persist_alpha):
-                    return s0
+                if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
+                        not by_chance or world * _persistence_chance(
+                            [chance[i] for i in rest], hits) <= c.persist_alpha):
+                    # uninformative iterations just before it belong to the stretch
+                    return known[j - 1] + 1 if j else 0
             return None
 
         starts: list[int] = []
@@ -1838,8 +1886,9 @@ class SlowdownDetector:
         comm_start = None
         pairs = sorted({tuple(sig[1]) for sig in op.per_iter if sig and sig[0]})
         for pair in pairs:
-            st = stretch([bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
-                          for sig in op.per_iter])
+            hit = [bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
+                   for sig in op.per_iter]
+            st = stretch(self._informative(op, hit))
             if st is not None and (comm_start is None or st < comm_start):
                 comm_start, comm_nodes = st, list(pair)
         if comm_start is not None:
@@ -1850,6 +1899,30 @@ class SlowdownDetector:
             return None
         first = min(starts)
         return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
+
+    def _informative(self, op: _Open, hit: list[bool]) -> list[bool | None]:
+        """``hit`` with None for the slow iterations that say nothing about the slow
+        groups of the hits: their window holds no round of any of them. A group that runs
+        once per iteration (a DP ring's gradient sync) and delays the iteration's end ends
+        its round next to the boundary between two windows of whole time bins, so some
+        windows hold two of its rounds and others none; a window without its round is no
+        evidence that it stopped being slow."""
+        keys = {(int(cg[0]), int(cg[1])) for sig, h in zip(op.per_iter, hit, strict=True)
+                if h and sig is not None and len(sig) > 3 for cg in sig[3]}
+        if not keys:
+            return list(hit)
+        a = self._pos(op.onset_pos)
+        out: list[bool | None] = []
+        for i, h in enumerate(hit):
+            if h or a + i >= len(self.iters):
+                out.append(h)
+                continue
+            _, t0, d = self.iters[a + i]
+            win = self._window(op, op.onset_pos + i, t0 + d)
+            w = self.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
+            held = any(bool(np.any((w["cidx"] == cx) & (w["group"] == g))) for cx, g in keys)
+            out.append(False if held else None)
+        return out
 
     def _persistent_within(self, op: _Open) -> tuple[int, bool, list[str], list[int]] | None:
         """A severe slow-down persists *within* its first slow iteration: when that
@@ -1900,14 +1973,17 @@ class SlowdownDetector:
         if comm_ok == bool(old_comm) and roots == sorted(old_roots):
             return []
         win = self._window(op, op.onset_pos + first, self.horizon)
-        loc = self.localize(win, op, roots=roots, comm=comm_ok, force_comm=comm_ok)
+        if op.extra:  # the slow link is reported apart: refine the compute anomaly
+            loc = self.localize(win, op, roots=roots, comm=False)
+        else:
+            loc = self.localize(win, op, roots=roots, comm=comm_ok, force_comm=comm_ok)
         if loc["cause"] == op.anomaly["cause"] and loc["ranks"] == op.anomaly["ranks"]:
             op.signature = [comm_ok, nodes, roots]
             return []
         op.signature = [comm_ok, nodes, roots]
         keep = {k: op.anomaly[k] for k in ("id", "start_ns", "detected_ns")}
         op.anomaly.update({k: v for k, v in loc.items()
-                           if k not in ("confident", "signature", "evidence")})
+                           if k not in _INTERNAL})
         op.anomaly.update(keep)
         return [self._anomaly(op.anomaly)]
 
@@ -1946,6 +2022,10 @@ class SlowdownDetector:
                     op.anomaly["gpu"] = gpu
             op.anomaly["end_ns"] = max(int(t_end), int(op.anomaly["start_ns"]) + 1)
             out.append(self._anomaly(op.anomaly))
+            for other in op.extra:
+                other["slowdown"] = op.anomaly["slowdown"]
+                other["end_ns"] = max(int(t_end), int(other["start_ns"]) + 1)
+                out.append(self._anomaly(other))
         return out
 
     @staticmethod
@@ -1980,6 +2060,7 @@ class SlowdownDetector:
                      >= c.mixed_share * win.lost]
         if comm_evidence and roots and self._explained_by(win, list(roots), slow):
             slow, comm_evidence = [], False
+        members = {r for g in slow for r in g["ranks"]}
         self.evidence = {"window": win, "slow_groups": slow, "compute": comp,
                          "graph": graph, "roots": roots,
                          "compute_source": "gaps" if comp is not None else "waits"}
@@ -2006,6 +2087,10 @@ class SlowdownDetector:
         # host, or node names unknown) its two ranks
         ident = sorted(nodes) if len(set(nodes)) == 2 else [str(r) for r in sorted(link or [])]
         out["signature"] = [cause != "compute", ident, sig_ranks]
+        out["groups"] = [[int(g["cidx"]), int(g["group"])] for g in slow]
+        # mixed (CCL-D S3) is one rank whose own transfers are slow too; compute roots
+        # outside every slow group are a fault of their own next to the slow link
+        out["independent"] = cause == "mixed" and not members.intersection(roots)
         if light:
             return out
         if cause in ("communication", "mixed") and rp_cidx >= 0:
@@ -2190,8 +2275,10 @@ class SlowdownDetector:
         window): ``noise_z`` times the relative noise of its mean transfer time over
         ``n_win`` rounds, from the robust spread of its per-bin means in the reference
         window (Greyhound §4.2's jitter, per group: a fabric whose transfers jitter by 15%
-        makes single slow iterations of a ring, and those are no slow link). 0 where the
-        reference has fewer than 3 bins of the group."""
+        makes single slow iterations of a ring, and those are no slow link) -- at least
+        the spread pooled over its comparable cluster (Greyhound §4.3: groups of one kind,
+        op and bytes share one fabric): a short reference holds a few bins of a group, and
+        their spread can be far below the fabric's. 0 where neither is known."""
         c = self.config
         by = ("cidx", "group", "cls")
         b = self.grp.query(win.b_lo, win.b_hi, ("bin", *by))
@@ -2204,14 +2291,20 @@ class SlowdownDetector:
         rounds = _lookup(keys, uk, per_bin)
         return c.noise_z * sig * np.sqrt(np.maximum(rounds, 1.0) / np.maximum(n_win, 1.0))
 
-    @staticmethod
-    def _group_noise(b: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _group_noise(self, b: dict[str, np.ndarray]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per group of the per-bin rows ``b``: its key, the robust relative spread of its
-        per-bin mean transfer times (0 with fewer than 3 bins) and its rounds per bin."""
+        per-bin mean transfer times (0 with fewer than 3 bins; at least the spread of the
+        relative deviations pooled over its comparable cluster, with 6 bins or more) and
+        its rounds per bin."""
         k = (b["cidx"] << 40) ^ (b["group"] * 1_000_003) ^ b["cls"]
         m = b["xfer"] / np.maximum(b["n"], 1)
         order = np.lexsort((m, k))
         k, m, nb = k[order], m[order], b["n"][order]
+        # the comparable cluster of each row: kind, class, point-to-point or not
+        _, kind = np.unique(self._kinds_of(b["cidx"][order]), return_inverse=True)
+        cl = (kind.reshape(-1).astype(np.int64) << 32) | (b["cls"][order] << 1) | (
+            b["group"][order] >= 0)
         starts = _group_starts(k)
         cnt = np.diff(np.append(starts, len(k)))
         med = 0.5 * (m[starts + (cnt - 1) // 2] + m[starts + cnt // 2])
@@ -2221,6 +2314,15 @@ class SlowdownDetector:
         mad = 0.5 * (dev[starts + (cnt - 1) // 2] + dev[starts + cnt // 2])
         per_bin = np.add.reduceat(nb, starts) / cnt  # rounds per bin
         sigma = np.where(cnt >= 3, 1.4826 * mad / np.maximum(med, 1.0), 0.0)
+        # pooled: the median relative deviation of every bin of the cluster's groups
+        rel = np.abs(m / np.maximum(np.repeat(med, cnt), 1.0) - 1.0)
+        o3 = np.lexsort((rel, cl))
+        rel, cls_sorted = rel[o3], cl[o3]
+        c_starts = _group_starts(cls_sorted)
+        c_cnt = np.diff(np.append(c_starts, len(rel)))
+        c_med = 0.5 * (rel[c_starts + (c_cnt - 1) // 2] + rel[c_starts + c_cnt // 2])
+        pooled = np.where(c_cnt >= 6, 1.4826 * c_med, 0.0)
+        sigma = np.maximum(sigma, _lookup(cl[starts], cls_sorted[c_starts], pooled))
         return k[starts], sigma, per_bin
 
     def _link_occupancy(self, win: _Window, pairs: list[tuple[str, str]]
@@ -2323,7 +2425,11 @@ class SlowdownDetector:
                 strength[key] = max(strength.get(key, 0.0), float(g["impact"]))
         top = max(strength.values(), default=0.0)
         strong = {k for k, v in strength.items() if v >= 0.5 * top}
-        best: tuple[int, int, int, int, list[int]] | None = None
+        # with ``link`` rows: how much the queue pairs of an edge's ends towards each other's
+        # node filled (the hop over the slow link keeps its sender's queue full)
+        growth = self._qp_growth(self.evidence["window"]) if "window" in self.evidence else {}
+        limit = 1 + self.config.link_threshold
+        cands: list[tuple[int, int, int, int, list[int]]] = []
         order = {"pp": 0, "dp": 1, "tp": 2, "cp": 3}
         for i in range(len(self.registry.ids)):
             kind = self.registry.kind(i)
@@ -2340,18 +2446,60 @@ class SlowdownDetector:
                 if {node(a), node(b)} != ends:
                     continue
                 pair = [a, b] if rank_kind else sorted((a, b))
-                # an edge of a strongly slow group first (rank-level evidence), then the
-                # convention
-                cand = (int(frozenset((a, b)) not in strong), rank_kind, pair[0], i, pair)
-                if best is None or cand[:3] < best[:3]:
-                    best = cand
+                cands.append((int(frozenset((a, b)) not in strong), rank_kind, pair[0], i, pair))
+        # the queue growth of an edge: its ends' queue pairs towards each other's node
+        queue = {}
+        for c in cands:
+            a, b = c[4]
+            got = [growth[k] for k in ((a, node(b)), (b, node(a))) if k in growth]
+            if got:
+                queue[(a, b)] = max(got)
+        grown = {e for e, v in queue.items() if v > limit}
+        # when the queues of one edge over the node pair filled and those of every other
+        # did not, the slow hop is that edge (a rank pair's fault: its NIC, its cable);
+        # when several filled, the link is slow as a whole and the convention names it
+        by_queue = len(grown) == 1 and len(queue) > 1
+        best: tuple[Any, ...] | None = None
+        for c in cands:
+            e = (c[4][0], c[4][1])
+            q = -1.0 if by_queue and e in grown else 0.0
+            # an edge of a strongly slow group first (rank-level evidence), then the one
+            # whose queue pairs alone filled, then the convention
+            cand = (c[0], q, c[1], c[2], c[3], c[4])
+            if best is None or cand[:4] < best[:4]:
+                best = cand
         if best is None:
             for g in slow:
                 for a, b in self._edges(g):
                     if {node(a), node(b)} == ends:
                         return [int(a), int(b)], int(g["cidx"])
             return None, -1
-        return [int(x) for x in best[4]], best[3]
+        return [int(x) for x in best[5]], best[4]
+
+    def _qp_growth(self, win: _Window) -> dict[tuple[int, str], float]:
+        """Per queue pair's owner rank and remote node (``link`` rows with a rank): the
+        growth of its time-averaged in-flight work requests from the reference window to
+        ``win`` (as :meth:`_link_occupancy`, one direction). Queue pairs with fewer than
+        ``link_min_wrs`` completed work requests in either window are left out."""
+        c = self.config
+        if len(self.qp) == 0:
+            return {}
+        w = self.qp.query(win.lo, win.hi, ("qp",))
+        b = self.qp.query(win.b_lo, win.b_hi, ("qp",))
+        if len(w["qp"]) == 0 or len(b["qp"]) == 0:
+            return {}
+        q = w["qp"]
+        dc_b = _lookup(q, b["qp"], b["dc"])
+        lt_b = _lookup(q, b["qp"], b["lt"])
+        ok = ((self.links.qp_rank[q] >= 0) & (self.links.qp_peer[q] >= 0)
+              & (w["dc"] >= c.link_min_wrs) & (dc_b >= c.link_min_wrs))
+        ratio = (w["lt"] / win.win_ns + 0.05) / (lt_b / win.base_ns + 0.05)
+        names = self.links.node_names
+        out: dict[tuple[int, str], float] = {}
+        for j in np.flatnonzero(ok).tolist():
+            key = (int(self.links.qp_rank[q[j]]), str(names[self.links.qp_peer[q[j]]]))
+            out[key] = max(out.get(key, 0.0), float(ratio[j]))
+        return out
 
     def _wait_graph(self, win: _Window) -> _WaitGraph:
         ok, ov = self._excess(self.out_w, "w", ("rank", "cidx"), win)
@@ -2558,6 +2706,8 @@ class SlowdownDetector:
 
 
 _TABLES = ("out_w", "in_w", "grp", "comp", "passes", "qp", "gpu", "spans")
+#: localization outputs that are no anomaly fields
+_INTERNAL = ("confident", "signature", "evidence", "groups", "independent")
 
 
 def _rank_time_order(rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray) -> np.ndarray:

@@ -192,3 +192,15 @@ def test_cli_json_on_heldout_trace(tmp_path: Path) -> None:
     diag = json.loads(out.stdout)
     assert [(a["kind"], a["cause"], a["ranks"]) for a in diag["anomalies"]] == [
         ("hang", "inconsistent", truth["anomalies"][0]["ranks"])]
+
+
+#: Slow-downs found since issue 3's held-out fixes (helper A2): a 3x slow ring hop named by
+#: its sender's filling queue, 5-7% job slow-downs, a DP ring whose sync ends at the
+#: iteration boundary; and a 1.3x slow pipeline link (found before, kept as a guard).
+SLOW_FIXED = ["l-dp-ring-wrap-3x-linkrows", "s-compute-1.15-last",
+              "s-compute-1.25-pp-first-order", "l-pp-1.3x", "l-dp-ring-3x-nolink"]
+
+
+@pytest.mark.parametrize("name", SLOW_FIXED)
+def test_heldout_slowdown_fixed_found_and_localized(name: str, tmp_path: Path) -> None:
+    test_heldout_slowdown_found_and_localized(name, tmp_path)
