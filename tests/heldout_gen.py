@@ -23,7 +23,6 @@ It shares no code with the simulator nor with ``tests/contract_gen.py``.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -949,7 +948,8 @@ def score(truth: dict[str, Any], diag: dict[str, Any]) -> dict[str, Any]:
     for t in merged:
         if t["kind"] == "hang" and not t.get("triggered", True):
             continue
-        best, best_ov = None, -math.inf
+        best: int | None = None
+        best_ov: Any = None
         for j, f in enumerate(found):
             if j in used or f["kind"] != t["kind"]:
                 continue
@@ -961,7 +961,10 @@ def score(truth: dict[str, Any], diag: dict[str, Any]) -> dict[str, Any]:
                     continue
             else:
                 ov = 0
-            if ov > best_ov:
+            # among overlapping finds, one of the same cause first (two faults at once
+            # are two anomalies over the same time)
+            ov = (f.get("cause") == t["cause"], ov)
+            if best is None or ov > best_ov:
                 best, best_ov = j, ov
         row: dict[str, Any] = {"truth": t["id"], "kind": t["kind"], "found": best is not None}
         if best is not None:
