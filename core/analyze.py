@@ -27,7 +27,7 @@ from failslow.detectors.base import EventBatch
 from failslow.detectors.hang import HangConfig
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.detectors.slowdown import infer_comms
-from failslow.detectors.whatif import COLL_COLUMNS, SPAN_COLUMNS, whatif
+from failslow.detectors.whatif import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
 from failslow.diagnosis import Diagnosis
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
@@ -77,7 +77,7 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     if not meta.comms:
         meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
     analyzer = JobAnalyzer(meta, config)
-    whatif_input = WhatIfInput()
+    whatif_input = WhatIfInput(meta)
     now = None
     for now, batch in replay_dir(td, window_ns):
         analyzer.update(batch)
@@ -87,28 +87,34 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         hang = (config.hang if config else None) or HangConfig()
         analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
     diag = analyzer.diagnosis()
-    diag.whatif = whatif_input.result(meta)
+    diag.whatif = whatif_input.result()
     return diag
 
 
-#: What-if input kept by ``analyze`` (span and coll rows, only the columns it reads).
-WHATIF_MAX_ROWS = 40_000_000
+#: What-if input kept whole by ``analyze`` (span and coll rows, the columns it reads).
+WHATIF_MAX_ROWS = 8_000_000
 
 
 class WhatIfInput:
     """The ``span`` and ``coll`` rows the what-if analysis (ByteDance §3) reads, collected
     while a trace is replayed: offline it sees the whole trace at once, better than the
-    stream's sliding window. Past ``max_rows`` rows it gives up (logged) so that memory
-    stays bounded; the stream processor's windowed analysis covers such jobs."""
+    stream's sliding window. Past ``max_rows`` rows (a large job) it keeps memory bounded
+    by going on as the stream processor does, with the windowed
+    :class:`~failslow.detectors.whatif.WhatIfAnalyzer` over the rest of the trace."""
 
-    def __init__(self, max_rows: int = WHATIF_MAX_ROWS) -> None:
-        self.max_rows = max_rows
+    def __init__(self, meta: JobMeta, max_rows: int | None = None) -> None:
+        self.meta = meta
+        self.max_rows = WHATIF_MAX_ROWS if max_rows is None else max_rows
         self.rows = 0
         self.parts: dict[str, list[pa.Table]] = {"span": [], "coll": []}
-        self.skipped = False
+        self.windowed: WhatIfAnalyzer | None = None
+        self.given_up = False
 
     def add(self, batch: EventBatch) -> None:
-        if self.skipped:
+        if self.given_up:
+            return
+        if self.windowed is not None:
+            self.windowed.update(batch)
             return
         for kind, columns in (("span", SPAN_COLUMNS), ("coll", COLL_COLUMNS)):
             table = batch.get(kind)
@@ -118,19 +124,25 @@ class WhatIfInput:
             self.parts[kind].append(table.select([c for c in table.column_names
                                                   if c in columns]))
         if self.rows > self.max_rows:
-            log.info("what-if analysis skipped: more than %d span and coll rows",
-                     self.max_rows)
-            self.skipped = True
+            log.info("what-if analysis over a sliding window: more than %d span and coll "
+                     "rows", self.max_rows)
             self.parts = {"span": [], "coll": []}
+            try:
+                self.windowed = WhatIfAnalyzer(self.meta)
+            except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
+                log.warning("no what-if analysis for job %s: %s", self.meta.job, e)
+                self.given_up = True
 
-    def result(self, meta: JobMeta) -> dict[str, Any] | None:
-        if self.skipped:
+    def result(self) -> dict[str, Any] | None:
+        if self.given_up:
             return None
+        if self.windowed is not None:
+            return self.windowed.result
         tables = {k: pa.concat_tables(v, promote_options="permissive")
                   for k, v in self.parts.items() if v}
         if not tables:
             return None
-        return whatif(tables, meta)
+        return whatif(tables, self.meta)
 
 
 def _membership(td: TraceDir) -> pa.Table:
@@ -265,11 +277,11 @@ def analyze_tables(meta: JobMeta, tables: Mapping[str, pa.Table],
     order, ``update`` then ``on_tick(now)`` per batch). Kinds other than :data:`KINDS` are
     ignored."""
     diag = run_analyzer(meta, tables, window_ns, config, post_mortem).diagnosis()
-    whatif_input = WhatIfInput()
-    whatif_input.add({k: t for k, t in tables.items() if k in ("span", "coll")})
     if not meta.comms and "coll" in tables:
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
-    diag.whatif = whatif_input.result(meta)
+    whatif_input = WhatIfInput(meta, max_rows=sys.maxsize)  # the tables are in memory
+    whatif_input.add({k: t for k, t in tables.items() if k in ("span", "coll")})
+    diag.whatif = whatif_input.result()
     return diag
 
 
