@@ -2603,7 +2603,7 @@ class SlowdownDetector:
                 mine = (g >= 0) & np.isin(g >> 32, ranks) & np.isin(g & 0xFFFFFFFF, ranks)
             if mine.any():
                 rows = rows[mine]
-        best: tuple[float, float, tuple[int, int, float, float]] | None = None
+        best: tuple[float, float | None, float | None] | None = None
         for j in rows.tolist():
             key = int(self._ccld_key(np.array([cidx]), np.array([w["group"][j]]),
                                      np.array([w["cls"][j]]))[0])
@@ -2614,31 +2614,15 @@ class SlowdownDetector:
             n = float(w["n"][j])
             if not t_base or n <= 0:
                 continue
-            t_max = float(w["dmax"][j]) / n
+            t_max, t_min = float(w["dmax"][j]) / n, float(w["dmin"][j]) / n
+            late = max(t_max - t_min - skew, 0.0)
+            slower = max(t_min - (t_base - skew), 0.0)
             r_val = round((t_max - t_base) / t_base, 4)
+            p_val = round(late / (late + slower), 4) if late + slower > 0 else None
             lost = (t_max - t_base) * n
             if best is None or lost > best[0]:
-                best = (lost, r_val, (int(w["group"][j]), int(w["cls"][j]), t_base, skew))
-        if best is None:
-            return None, None
-        return best[1], self._p_of(cidx, *best[2], win=win)
-
-    def _p_of(self, cidx: int, group: int, cls: int, t_base: float, skew: float,
-              win: _Window | None = None) -> float | None:
-        """P of one round class over the window: the late-arrival and transfer shares of
-        the extra time, each the median over the window's time bins of its per-bin mean, so
-        that a few bins holding a host pause (a GC, one rank's checkpoint write) do not
-        make a slow link look like late arrival."""
-        assert win is not None
-        w = self.grp.query(win.lo, win.hi, ("cidx", "group", "cls", "bin"))
-        sel = (w["cidx"] == cidx) & (w["group"] == group) & (w["cls"] == cls) & (w["n"] > 0)
-        if not sel.any():
-            return None
-        n = w["n"][sel]
-        t_max, t_min = w["dmax"][sel] / n, w["dmin"][sel] / n
-        late = float(np.median(np.maximum(t_max - t_min - skew, 0.0)))
-        slower = float(np.median(np.maximum(t_min - (t_base - skew), 0.0)))
-        return round(late / (late + slower), 4) if late + slower > 0 else None
+                best = (lost, r_val, p_val)
+        return (best[1], best[2]) if best is not None else (None, None)
 
     def _refine_start(self, op: _Open, win: _Window, slow: list[dict[str, Any]],
                       roots: list[int]) -> int:
