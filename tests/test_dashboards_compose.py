@@ -47,8 +47,8 @@ def _binds(service: dict[str, Any]) -> dict[str, str]:
 def test_every_service_and_ports_on_loopback_only() -> None:
     doc = _compose()
     services = doc["services"]
-    assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "notifier", "agent",
-                             "prometheus"}
+    assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "archiver",
+                             "notifier", "agent", "prometheus"}
     published = []
     for name, s in services.items():
         for port in s.get("ports", []):
@@ -59,14 +59,17 @@ def test_every_service_and_ports_on_loopback_only() -> None:
     major, minor = map(int, services["clickhouse"]["image"].split(":")[1].split(".")[:2])
     assert (major, minor) >= (25, 8)
     assert services["grafana"]["image"].startswith("grafana/grafana:11.")
-    for name in ("processor", "notifier", "agent"):
+    for name in ("processor", "archiver", "notifier", "agent"):
         s = services[name]
         assert s["build"]["dockerfile"] == "infra/Dockerfile" and s["image"] == "failslow:local"
         env = _env(s)
         assert env["FAILSLOW_KAFKA"] == "kafka:9092" and env["FAILSLOW_DATA_DIR"] == "/data"
         assert env["FAILSLOW_CLICKHOUSE"].startswith("http://failslow:")
         assert env["FAILSLOW_CLICKHOUSE"].endswith("@clickhouse:8123")
-    assert services["processor"]["command"] == ["process"]
+    # detection and raw-event archiving in two consumer groups, a core each
+    assert services["processor"]["command"] == ["process", "--no-store-events"]
+    assert services["archiver"]["command"] == ["process", "--no-detect", "--group",
+                                               "failslow-archiver"]
     assert services["notifier"]["command"][0] == "notify"
     assert services["agent"]["command"] == ["agent"] and services["agent"]["profiles"] == ["agent"]
     assert set(doc["volumes"]) >= {"clickhouse-data", "grafana-data", "notifier-data"}
