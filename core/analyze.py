@@ -114,7 +114,11 @@ class WhatIfInput:
         if self.given_up:
             return
         if self.windowed is not None:
-            self.windowed.update(batch)
+            try:
+                self.windowed.update(batch)
+            except Exception:  # noqa: BLE001 - what-if is optional; detection goes on
+                log.exception("what-if analysis of job %s failed", self.meta.job)
+                self.given_up = True
             return
         for kind, columns in (("span", SPAN_COLUMNS), ("coll", COLL_COLUMNS)):
             table = batch.get(kind)

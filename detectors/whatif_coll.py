@@ -91,6 +91,9 @@ def _steps(ops: CollOps, names: np.ndarray, main: np.ndarray, stage_of: np.ndarr
         seq = ops.seq[pp].astype(np.int64)
         first = seq % np.maximum(per_op, 1) == 0
         marks, step_of = pp[first], (seq // np.maximum(per_op, 1))[first]
+    if marks.size == 0:
+        raise WhatIfInputError("no step boundary (params-sync all-gather or first pipeline "
+                               "operation of a step) among the operations")
     out = np.full(len(ops), -1, dtype=np.int64)
     idx = np.flatnonzero(main)
     base = int(ops.enter.min()) - 1

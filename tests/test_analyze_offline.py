@@ -163,3 +163,21 @@ def test_large_trace_whatif_goes_on_over_a_sliding_window(
     assert windowed != whole  # a different (windowed) computation
     for result in (whole, windowed):
         assert result["slowdown"] > 1.1  # the straggler's slow-down shows in both
+
+
+def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if analysis is optional: if it fails the anomalies are still reported."""
+    import failslow.analyze as an
+    from failslow.detectors.whatif import WhatIfAnalyzer
+
+    assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(an, "WHATIF_MAX_ROWS", 100_000)
+
+    def broken(self: WhatIfAnalyzer, batch: object) -> None:
+        raise IndexError("index 0 is out of bounds")
+
+    monkeypatch.setattr(WhatIfAnalyzer, "update", broken)
+    diag = analyze(tmp_path)
+    assert diag.whatif is None
+    assert [(a.cause, a.ranks) for a in diag.anomalies] == [("compute", [21])]
