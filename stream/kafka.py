@@ -422,7 +422,10 @@ class KafkaTransport(Transport):
                 reconnect_backoff_max_ms=1000, fetch_max_wait_ms=100,
                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
                 partition_assignment_strategy=[RangePartitionAssignor],
-                **self._consumer_config)
+                # a topic whose metadata had not reached this client when the group was
+                # joined gets its partitions at the next refresh (and rebalance): seconds,
+                # not kafka-python's default five minutes
+                **{"metadata_max_age_ms": 5000, **self._consumer_config})
         except Exception as e:  # noqa: BLE001 - broker not there: poll returns nothing
             self._note_error(f"consumer: {e}")
             log.warning("kafka consumer cannot connect to %s: %s", self.bootstrap_servers, e)
