@@ -377,6 +377,27 @@ static inline int fs_ring_put(struct fs_ring *r, const struct fs_record *src) {
   return 0;
 }
 
+/* A communicator record (FS_KIND_COMM: created, split, destroyed) with the fields every
+ * collector fills alike; the caller adds its own (device, parent, flags, name). */
+static inline void fs_comm_record(struct fs_record *rec, uint8_t phase, uint8_t source,
+                                  int32_t rank, int32_t comm_rank, int32_t comm_size,
+                                  uint64_t comm, int64_t t, int64_t t_start) {
+  __builtin_memset(rec, 0, sizeof(*rec));
+  rec->kind = FS_KIND_COMM;
+  rec->phase = phase;
+  rec->op = FS_OP_UNKNOWN;
+  rec->source = source;
+  rec->rank = rank;
+  rec->comm_rank = comm_rank;
+  rec->comm_size = comm_size;
+  rec->peer = -1;
+  rec->comm = comm;
+  rec->t_ns = t;
+  rec->t_start_ns = t_start;
+  rec->send_count = FS_NULL_COUNT;
+  rec->recv_count = FS_NULL_COUNT;
+}
+
 static inline void fs_pool_dropped(struct fs_ring *r) {
   atomic_fetch_add_explicit(&r->hdr->pool_dropped, 1, memory_order_relaxed);
 }

@@ -236,22 +236,10 @@ static void write_comm_record(const struct comm_state *s, uint8_t phase, uint64_
   struct fs_ring *r = fs_proc_ring_get(&g_ring);
   if (!r) return;
   struct fs_record rec;
-  memset(&rec, 0, sizeof(rec));
-  rec.kind = FS_KIND_COMM;
-  rec.phase = phase;
-  rec.op = FS_OP_UNKNOWN;
-  rec.source = FS_SRC_INTERPOSER;
-  rec.rank = g_rank;
-  rec.comm_rank = s->comm_rank;
-  rec.comm_size = s->comm_size;
-  rec.peer = -1;
+  fs_comm_record(&rec, phase, FS_SRC_INTERPOSER, g_rank, s->comm_rank, s->comm_size, s->id, t,
+                 t_start);
   rec.device = s->device;
-  rec.comm = s->id;
   rec.seq = parent;
-  rec.t_ns = t;
-  rec.t_start_ns = t_start;
-  rec.send_count = FS_NULL_COUNT;
-  rec.recv_count = FS_NULL_COUNT;
   rec.flags = s->flags | extra_flags;
   fs_ring_put(r, &rec);
 }

@@ -266,22 +266,10 @@ static void write_comm(const struct fs_pctx *ctx, uint8_t phase) {
   struct fs_ring *r = ring_now();
   if (!r) return;
   struct fs_record rec;
-  memset(&rec, 0, sizeof(rec));
-  rec.kind = FS_KIND_COMM;
-  rec.phase = phase;
-  rec.op = FS_OP_UNKNOWN;
-  rec.source = FS_SRC_PROFILER;
-  rec.rank = g_rank;
-  rec.comm_rank = ctx->comm_rank;
-  rec.comm_size = ctx->comm_size;
-  rec.peer = -1;
+  fs_comm_record(&rec, phase, FS_SRC_PROFILER, g_rank, ctx->comm_rank, ctx->comm_size,
+                 ctx->comm, fs_now_ns(), FS_NULL_TIME);
   rec.device = -1;
-  rec.comm = ctx->comm;
   rec.bytes = (uint64_t)ctx->nnodes;
-  rec.t_ns = fs_now_ns();
-  rec.t_start_ns = FS_NULL_TIME;
-  rec.send_count = FS_NULL_COUNT;
-  rec.recv_count = FS_NULL_COUNT;
   memcpy(rec.name, ctx->name, sizeof(rec.name));
   fs_ring_put(r, &rec);
 }
