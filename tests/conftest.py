@@ -17,6 +17,19 @@ from failslow import events, infra
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
+#: A small simulated job with a compute straggler (rank 5, GPU throttled) and then a slow
+#: link (nodes 1-3): the dashboards' and the report's tests load it.
+SMALL = """job: sim-small
+parallel: {tp: 2, pp: 2, dp: 4, cp: 1}
+microbatches: 4
+iterations: 40
+gpus_per_node: 4
+nics_per_node: 4
+faults:
+  - {cause: compute, ranks: [5], start: 8, duration: 10, severity: 1.6, gpu_throttle: true}
+  - {cause: communication, nodes: [1, 3], start: 24, duration: 10, severity: 8.0}
+"""
+
 
 def coll_row(**overrides: Any) -> dict[str, Any]:
     """One valid ``coll`` row; keyword arguments replace columns."""
@@ -99,4 +112,4 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         infra.kafka_down(state)
 
 
-__all__ = ["SHARED", "Broker", "coll_row", "meta_row", "events"]
+__all__ = ["SHARED", "SMALL", "Broker", "coll_row", "meta_row", "events"]

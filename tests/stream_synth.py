@@ -9,6 +9,7 @@ reports an anomaly (opened, then ended) on the slow rank.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ import pyarrow as pa
 from failslow import events, results
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import Comm, JobMeta
+from failslow.stream.sink import MemorySink, SinkBatch
+from failslow.stream.transport import InProcessTransport
 
 MS = 1_000_000
 T0 = 1_750_000_000_000_000_000
@@ -156,3 +159,40 @@ class FakeAnalyzer:
     def diagnosis(self) -> Diagnosis:
         found = ([self.open] if self.open else []) + self.closed
         return Diagnosis(job=self.meta.job, anomalies=found)
+
+
+class Crash(Exception):
+    """Stands for kill -9."""
+
+
+class CrashingBus(InProcessTransport):
+    """Crashes at the ``crash_at``-th commit (after the sink write, before the commit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.crash_at: int | None = None
+        self.commits = 0
+
+    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
+        self.commits += 1
+        if self.crash_at is not None and self.commits >= self.crash_at:
+            self.crash_at = None
+            raise Crash()
+        super().commit(offsets)
+
+
+class DedupSink(MemorySink):
+    """Drops a batch whose token it has stored, as ClickHouse's insert deduplication does;
+    counts the batches offered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+        self.offered = 0
+
+    def write(self, batch: SinkBatch) -> None:
+        self.offered += 1
+        if batch.token and batch.token in self.seen:
+            return
+        self.seen.add(batch.token)
+        super().write(batch)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import stream_synth as synth
 
 from failslow import cli
 from failslow.detectors.job import JobAnalyzer, JobConfig
@@ -26,7 +27,6 @@ from failslow.stream.processor import StreamProcessor
 from failslow.stream.sink import (
     ADVICE_TOPIC,
     MemorySink,
-    SinkBatch,
     decode_advice,
     encode_advice,
 )
@@ -42,19 +42,16 @@ SCENARIO = {"job": "adv", "parallel": {"tp": 1, "pp": 2, "dp": 4, "cp": 1},
                         "severity": 2.0}]}
 
 
-class Crash(Exception):
-    """Stands for kill -9."""
+Crash, DedupSink = synth.Crash, synth.DedupSink
 
 
-class CrashingBus(InProcessTransport):
-    """Crashes at the ``crash_at``-th commit (after the sink write and the publishing,
-    before the commit) and remembers which commit each advice message preceded."""
+class CrashingBus(synth.CrashingBus):
+    """:class:`stream_synth.CrashingBus` that also remembers which commit each advice message
+    preceded, and can crash at the commit after a given advice."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.crash_at: int | None = None
         self.crash_after: str | None = None  # crash at the commit after this advice
-        self.commits = 0
         self.advice_at: list[tuple[int, str]] = []  # (commits done before it, advice_id)
 
     def produce(self, topic: str, key: str, value: bytes,
@@ -65,27 +62,6 @@ class CrashingBus(InProcessTransport):
             if advice_id == self.crash_after:
                 self.crash_after, self.crash_at = None, self.commits + 1
         super().produce(topic, key, value, headers)
-
-    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
-        self.commits += 1
-        if self.crash_at is not None and self.commits >= self.crash_at:
-            self.crash_at = None
-            raise Crash()
-        super().commit(offsets)
-
-
-class DedupSink(MemorySink):
-    """Drops a batch whose token it has stored, as ClickHouse's insert deduplication does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def write(self, batch: SinkBatch) -> None:
-        if batch.token and batch.token in self.seen:
-            return
-        self.seen.add(batch.token)
-        super().write(batch)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from conftest import SMALL
 from failslow import cli
 from failslow.dashboards import macros, panels
 from failslow.dashboards.macros import ALL, QueryContext, Variable
@@ -27,16 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "infra" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 
-SMALL = """job: sim-small
-parallel: {tp: 2, pp: 2, dp: 4, cp: 1}
-microbatches: 4
-iterations: 40
-gpus_per_node: 4
-nics_per_node: 4
-faults:
-  - {cause: compute, ranks: [5], start: 8, duration: 10, severity: 1.6, gpu_throttle: true}
-  - {cause: communication, nodes: [1, 3], start: 24, duration: 10, severity: 8.0}
-"""
 HANG = """job: sim-hang
 parallel: {tp: 2, pp: 2, dp: 2, cp: 1}
 microbatches: 4

@@ -14,21 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SMALL
 from failslow import report_cli
 from failslow.dashboards import critical_path as cp
 from failslow.events import from_rows
 
 PNG = b"\x89PNG\r\n\x1a\n"
-SMALL = """job: sim-small
-parallel: {tp: 2, pp: 2, dp: 4, cp: 1}
-microbatches: 4
-iterations: 40
-gpus_per_node: 4
-nics_per_node: 4
-faults:
-  - {cause: compute, ranks: [5], start: 8, duration: 10, severity: 1.6, gpu_throttle: true}
-  - {cause: communication, nodes: [1, 3], start: 24, duration: 10, severity: 8.0}
-"""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -25,40 +24,7 @@ from failslow.stream.transport import InProcessTransport
 JOB = "synth-1"
 
 
-class Crash(Exception):
-    """Stands for kill -9."""
-
-
-class CrashingBus(InProcessTransport):
-    """Crashes at the ``crash_at``-th commit (after the sink write, before the commit)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.crash_at: int | None = None
-        self.commits = 0
-
-    def commit(self, offsets: Mapping[tuple[str, int], int] | None = None) -> None:
-        self.commits += 1
-        if self.crash_at is not None and self.commits >= self.crash_at:
-            self.crash_at = None
-            raise Crash()
-        super().commit(offsets)
-
-
-class DedupSink(MemorySink):
-    """Drops a batch whose token it has stored, as ClickHouse's insert deduplication does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-        self.offered = 0
-
-    def write(self, batch: SinkBatch) -> None:
-        self.offered += 1
-        if batch.token and batch.token in self.seen:
-            return
-        self.seen.add(batch.token)
-        super().write(batch)
+Crash, CrashingBus, DedupSink = synth.Crash, synth.CrashingBus, synth.DedupSink
 
 
 def _factory(made: dict[str, list[synth.FakeAnalyzer]]) -> Any:
