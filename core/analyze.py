@@ -87,7 +87,7 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         hang = (config.hang if config else None) or HangConfig()
         analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
     diag = analyzer.diagnosis()
-    diag.whatif = whatif_input.result()
+    whatif_input.into(diag)
     return diag
 
 
@@ -109,6 +109,8 @@ class WhatIfInput:
         self.parts: dict[str, list[pa.Table]] = {"span": [], "coll": []}
         self.windowed: WhatIfAnalyzer | None = None
         self.given_up = False
+        #: why there is no what-if result (None while there may be one)
+        self.reason: str | None = None
 
     def add(self, batch: EventBatch) -> None:
         if self.given_up:
@@ -116,9 +118,11 @@ class WhatIfInput:
         if self.windowed is not None:
             try:
                 self.windowed.update(batch)
-            except Exception:  # noqa: BLE001 - what-if is optional; detection goes on
-                log.exception("what-if analysis of job %s failed", self.meta.job)
+            except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
+                log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
+                            exc_info=True)
                 self.given_up = True
+                self.reason = f"failed: {type(e).__name__}: {e}"
             return
         for kind, columns in (("span", SPAN_COLUMNS), ("coll", COLL_COLUMNS)):
             table = batch.get(kind)
@@ -136,17 +140,38 @@ class WhatIfInput:
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
                 log.warning("no what-if analysis for job %s: %s", self.meta.job, e)
                 self.given_up = True
+                self.reason = str(e)
 
     def result(self) -> dict[str, Any] | None:
+        """The ``whatif`` object, or None with :attr:`reason` saying why."""
         if self.given_up:
             return None
         if self.windowed is not None:
+            if self.windowed.result is None:
+                self.reason = self.windowed.error or "no complete window of steps"
             return self.windowed.result
         tables = {k: pa.concat_tables(v, promote_options="permissive")
                   for k, v in self.parts.items() if v}
         if not tables:
+            self.reason = "neither span nor coll rows"
             return None
-        return whatif(tables, self.meta)
+        errors: list[str] = []
+        try:
+            out = whatif(tables, self.meta, errors=errors)
+        except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
+            log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
+                        exc_info=True)
+            self.reason = f"failed: {type(e).__name__}: {e}"
+            return None
+        if out is None:
+            self.reason = errors[0] if errors else "what-if analysis failed"
+        return out
+
+    def into(self, diag: Diagnosis) -> None:
+        """Set ``diag.whatif``, or say in ``diag.incomplete`` why there is none."""
+        diag.whatif = self.result()
+        if diag.whatif is None and self.reason:
+            diag.incomplete.append({"part": "whatif", "reason": self.reason})
 
 
 def _membership(td: TraceDir) -> pa.Table:
@@ -285,7 +310,7 @@ def analyze_tables(meta: JobMeta, tables: Mapping[str, pa.Table],
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
     whatif_input = WhatIfInput(meta, max_rows=sys.maxsize)  # the tables are in memory
     whatif_input.add({k: t for k, t in tables.items() if k in ("span", "coll")})
-    diag.whatif = whatif_input.result()
+    whatif_input.into(diag)
     return diag
 
 

@@ -131,6 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - one clear line; the traceback with -v
+        if args.verbose:
+            raise
+        print(f"failslow {args.command}: failed: {type(e).__name__}: {e} "
+              "(run with -v for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -70,15 +70,21 @@ class Diagnosis:
     anomalies: list[Anomaly] = field(default_factory=list)
     whatif: dict[str, Any] | None = None
     version: int = VERSION
+    #: parts of the analysis that could not run or failed, ``{"part", "reason"}`` each
+    #: (an added field, diagnosis.md "Unknown fields may be added"; absent when empty)
+    incomplete: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "version": self.version,
             "job": self.job,
             "iterations": self.iterations,
             "anomalies": [a.to_dict() for a in self.anomalies],
             "whatif": self.whatif,
         }
+        if self.incomplete:
+            d["incomplete"] = [dict(x) for x in self.incomplete]
+        return d
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -89,7 +95,7 @@ class Diagnosis:
             raise ValueError(f"unsupported diagnosis version {d.get('version')!r}")
         return cls(job=d["job"], iterations=d.get("iterations"),
                    anomalies=[Anomaly.from_dict(a) for a in d.get("anomalies", [])],
-                   whatif=d.get("whatif"))
+                   whatif=d.get("whatif"), incomplete=list(d.get("incomplete", [])))
 
     @classmethod
     def load(cls, path: str | Path) -> Diagnosis:

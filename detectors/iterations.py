@@ -546,13 +546,7 @@ class IterationTracker:
             period = self._period(comm, opc, None)
         need = max(c.min_commit_ops, c.min_commit_periods * period)
         if period == 0 or n < need:
-            st.next_try = max(int(n * 1.5) + 1, need if period else 0)
-            if st.next_try > c.max_buffer:
-                # no period in a full buffer: keep its newer half and go on learning
-                keep = c.max_buffer // 2
-                self._buf[rank] = [buf[:, -keep:]]
-                self._nbuf[rank] = keep
-                st.next_try = c.max_buffer
+            self._defer(rank, st, buf, n, need if period else 0)
             return None
         # reconcile with the reference in time: a rank whose calls repeat every micro-batch
         # (e.g. the last pipeline stage without DP sync) has a sub-period of the iteration
@@ -564,8 +558,12 @@ class IterationTracker:
             if t_ref > 1.5 * t_own:
                 # operations per reference iteration, in whole periods
                 ahead = np.searchsorted(t, t + int(t_ref)) - np.arange(n)
-                count = float(np.median(ahead[t + int(t_ref) <= t[-1]])) if n else 0.0
-                period *= max(1, int(round(count / period)))
+                whole = ahead[t + int(t_ref) <= t[-1]]
+                if not len(whole):
+                    # the buffer spans less than one reference iteration: learn later
+                    self._defer(rank, st, buf, n, need)
+                    return None
+                period *= max(1, int(round(float(np.median(whole)) / period)))
                 if n < 2 * period:
                     st.next_try = 2 * period
                     return None
@@ -579,6 +577,17 @@ class IterationTracker:
         self._buf.pop(rank, None)
         self._nbuf.pop(rank, None)
         return self._anchors(np.full(n, rank, dtype=np.int64), comm, seq, t)
+
+    def _defer(self, rank: int, st: _Rank, buf: np.ndarray, n: int, need: int) -> None:
+        """No period committed from ``rank``'s ``n`` buffered calls yet: try again after
+        more calls; a full buffer keeps its newer half and goes on learning."""
+        c = self.config
+        st.next_try = max(int(n * 1.5) + 1, need)
+        if st.next_try > c.max_buffer:
+            keep = c.max_buffer // 2
+            self._buf[rank] = [buf[:, -keep:]]
+            self._nbuf[rank] = keep
+            st.next_try = c.max_buffer
 
     def _period(self, comm: np.ndarray, opc: np.ndarray, nbytes: np.ndarray | None) -> int:
         """:func:`find_period` of the symbols, cached by sequence (ranks of one role)."""

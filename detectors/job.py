@@ -14,13 +14,16 @@ baselines, without re-reporting and without advising twice.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from failslow import results
 from failslow.detectors.base import EventBatch
+from failslow.detectors.dedup import CollDeduplicator
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
 from failslow.detectors.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
@@ -29,6 +32,10 @@ from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
 
 STATE_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -72,6 +79,10 @@ class JobAnalyzer:
         self.slowdown = SlowdownDetector(meta, self.config.slowdown, tracker=self.tracker)
         self.hang = HangDetector(meta, self.config.hang)
         self._anomalies: dict[str, Anomaly] = {}  # latest report per id, first-seen order
+        #: detectors that raised, with the error (skipped from then on; see ``_guard``)
+        self.failed: dict[str, str] = {}
+        #: repeated ``coll`` rows (at-least-once delivery) never reach the detectors
+        self.dedup = CollDeduplicator()
         self.planner: MitigationPlanner | None = None
         if self.config.planner is not None:
             self.planner = MitigationPlanner(
@@ -79,25 +90,48 @@ class JobAnalyzer:
                 AnomalyPlans(meta, max(1, self.config.planner_multiple_of)))
 
     def update(self, batch: EventBatch) -> Output:
-        iterations = self.tracker.update(batch)
-        found = self.slowdown.update(batch, iterations=iterations)
-        found += self.hang.update(batch)
+        coll = batch.get("coll")
+        if coll is not None:
+            batch = {**batch, "coll": self.dedup.update(coll)}
+        iterations = self._guard("iterations", lambda: self.tracker.update(batch),
+                                 results.empty("iterations"))
+        found = self._guard("slowdown", lambda: self.slowdown.update(
+            batch, iterations=iterations), list[Anomaly]())
+        found += self._guard("hang", lambda: self.hang.update(batch), list[Anomaly]())
+        rounds = (results.empty("rounds") if "slowdown" in self.failed
+                  else self.slowdown.last_rounds)
         self._record(found)
-        return Output(found, self.slowdown.last_rounds, iterations,
-                      self._advise(iterations, found))
+        return Output(found, rounds, iterations, self._advise(iterations, found))
 
     def on_tick(self, now_ns: int) -> Output:
-        found = self.slowdown.on_tick(now_ns) + self.hang.on_tick(now_ns)
+        found = self._guard("slowdown", lambda: self.slowdown.on_tick(now_ns), list[Anomaly]())
+        found += self._guard("hang", lambda: self.hang.on_tick(now_ns), list[Anomaly]())
         self._record(found)
         return Output(found, advice=self._advise(None, found))
+
+    def _guard(self, part: str, call: Callable[[], T], fallback: T) -> T:
+        """``call()`` unless ``part`` failed before; a part that raises is logged with its
+        traceback, counted in :attr:`failed` and skipped from then on, so one failing
+        detector never stops the others (the diagnosis lists it as incomplete). The
+        slow-down detector reads the iteration tracker: it stops with it."""
+        if part in self.failed or (part == "slowdown" and "iterations" in self.failed):
+            return fallback
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - isolate one detector's failure
+            log.warning("job %s: the %s detector failed and is skipped from now on: %s: %s",
+                        self.meta.job, part, type(e).__name__, e, exc_info=True)
+            self.failed[part] = f"{type(e).__name__}: {e}"
+            return fallback
 
     def _advise(self, iterations: pa.Table | None, found: list[Anomaly]) -> list[Advice]:
         """The planner's decisions on new iteration rows and reports (none without either)."""
         if self.planner is None or (not found and (iterations is None
                                                    or not iterations.num_rows)):
             return []
-        return self.planner.update(results.empty("iterations") if iterations is None
-                                   else iterations, found)
+        planner = self.planner
+        return self._guard("planner", lambda: planner.update(
+            results.empty("iterations") if iterations is None else iterations, found), [])
 
     def _record(self, found: list[Anomaly]) -> None:
         for a in found:
@@ -105,17 +139,21 @@ class JobAnalyzer:
 
     def diagnosis(self) -> Diagnosis:
         """The diagnosis so far (diagnosis.md): iterations summary and every anomaly in its
-        latest state; no what-if analysis here."""
-        return Diagnosis(job=self.meta.job, iterations=self.tracker.summary(),
+        latest state, and the detectors that failed (``incomplete``); no what-if analysis
+        here."""
+        summary = None if "iterations" in self.failed else self.tracker.summary()
+        return Diagnosis(job=self.meta.job, iterations=summary,
                          anomalies=[Anomaly.from_dict(a.to_dict())
                                     for a in self._anomalies.values()],
-                         whatif=None)
+                         whatif=None,
+                         incomplete=[{"part": p, "reason": r} for p, r in self.failed.items()])
 
     def snapshot(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "tracker": self.tracker.snapshot(),
                 "slowdown": self.slowdown.snapshot(), "hang": self.hang.snapshot(),
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
-                "planner": None if self.planner is None else self.planner.snapshot()}
+                "planner": None if self.planner is None else self.planner.snapshot(),
+                "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped}
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
@@ -127,3 +165,5 @@ class JobAnalyzer:
         self._record([Anomaly.from_dict(a) for a in state["anomalies"]])
         if self.planner is not None and state.get("planner") is not None:
             self.planner.restore(state["planner"])
+        self.failed = dict(state.get("failed", {}))
+        self.dedup.dropped = int(state.get("duplicates_dropped", 0))

@@ -181,3 +181,25 @@ def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
     diag = analyze(tmp_path)
     assert diag.whatif is None
     assert [(a.cause, a.ranks) for a in diag.anomalies] == [("compute", [21])]
+    assert diag.incomplete == [{"part": "whatif",
+                                "reason": "failed: IndexError: index 0 is out of bounds"}]
+
+
+def test_cli_failure_is_one_line_and_the_traceback_comes_with_v(
+        tmp_path: Path, straggler_job, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import failslow.analyze as an
+
+    write_trace(tmp_path, [straggler_job.meta], straggler_job.tables)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("something broke inside")
+
+    monkeypatch.setattr(an, "analyze", broken)
+    assert cli.main(["analyze", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "failslow analyze: failed: RuntimeError: something broke inside "
+        "(run with -v for the traceback)"]
+    with pytest.raises(RuntimeError, match="something broke inside"):
+        cli.main(["-v", "analyze", str(tmp_path)])

@@ -8,6 +8,7 @@ import pyarrow as pa
 from _detectors_synth import Fault, generate
 
 from failslow import results
+from failslow.detectors.hang import HangDetector
 from failslow.detectors.job import JobAnalyzer, Output
 from failslow.replay import replay
 
@@ -82,3 +83,52 @@ def test_batch_sizes_give_the_same_diagnosis() -> None:
     assert len(diags[0]["anomalies"]) == 2
     for d in diags[1:]:
         assert d == diags[0]
+
+
+class _Broken:
+    """A hang detector whose every call raises (a detector bug on some input)."""
+
+    def update(self, batch: object) -> list:
+        raise ValueError("cannot convert float NaN to integer")
+
+    def on_tick(self, now: int) -> list:
+        raise AssertionError("never called once failed")
+
+    def __init__(self, meta: object) -> None:
+        self.state = HangDetector(meta).snapshot()  # type: ignore[arg-type]
+
+    def snapshot(self) -> dict:
+        return self.state
+
+
+def test_a_failing_detector_is_isolated_and_the_diagnosis_says_so() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[Fault("compute", 15, 30, 1.5, rank=6)])
+    healthy = JobAnalyzer(job.meta)
+    _run(healthy, list(replay(job.tables, 20 * MS)))
+    analyzer = JobAnalyzer(job.meta)
+    analyzer.hang = _Broken(job.meta)  # type: ignore[assignment]
+    reports, _, _ = _run(analyzer, list(replay(job.tables, 20 * MS)))
+    diag = analyzer.diagnosis().to_dict()
+    # the other detectors went on: the same slow-down as without the failure
+    assert [a["ranks"] for a in diag["anomalies"]] == [[6]]
+    assert diag["anomalies"] == healthy.diagnosis().to_dict()["anomalies"]
+    assert diag["incomplete"] == [{"part": "hang",
+                                   "reason": "ValueError: cannot convert float NaN to integer"}]
+    assert "incomplete" not in healthy.diagnosis().to_dict()
+    # the failure survives a restart: the restored analyzer still skips the detector
+    again = JobAnalyzer(job.meta)
+    again.restore(json.loads(json.dumps(analyzer.snapshot())))
+    assert again.failed == analyzer.failed
+
+
+def test_repeated_coll_rows_do_not_change_the_diagnosis() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[Fault("compute", 15, 30, 1.5, rank=6)])
+    once = JobAnalyzer(job.meta)
+    _run(once, list(replay(job.tables, 20 * MS)))
+    coll = job.tables["coll"]
+    again = coll.slice(0, coll.num_rows // 2)
+    twice_tables = {**job.tables, "coll": pa.concat_tables([coll, again])}
+    twice = JobAnalyzer(job.meta)
+    _run(twice, list(replay(twice_tables, 20 * MS)))
+    assert twice.dedup.dropped == coll.num_rows // 2
+    assert twice.diagnosis().to_dict() == once.diagnosis().to_dict()
