@@ -2,8 +2,8 @@
 
 Greyhound (greyhound.md §5) re-balances micro-batches across data-parallel groups when one is
 slow (strategy S2): group i runs m_i micro-batches with sum M, chosen to minimise
-max_i m_i t_i (:mod:`failslow.detectors.microbatches`). The planner publishes that allocation
-as a ``mitigation_advice`` (:mod:`failslow.detectors.planner`); this client is what the
+max_i m_i t_i (:mod:`failslow.mitigation.microbatches`). The planner publishes that allocation
+as a ``mitigation_advice`` (:mod:`failslow.mitigation.planner`); this client is what the
 training loop calls every iteration to learn its own m_i.
 
 Source of advice: a JSON file (the latest advice object, or a JSON Lines log of them: the last

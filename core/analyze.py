@@ -27,11 +27,11 @@ from failslow.detectors.base import EventBatch
 from failslow.detectors.hang import HangConfig
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.detectors.slowdown import infer_comms
-from failslow.detectors.whatif import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
 from failslow.diagnosis import Diagnosis
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
+from failslow.whatif.analysis import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
 
 #: Record kinds the detectors read.
 KINDS = ("coll", "progress", "link", "gpu", "span")
@@ -100,7 +100,7 @@ class WhatIfInput:
     while a trace is replayed: offline it sees the whole trace at once, better than the
     stream's sliding window. Past ``max_rows`` rows (a large job) it keeps memory bounded
     by going on as the stream processor does, with the windowed
-    :class:`~failslow.detectors.whatif.WhatIfAnalyzer` over the rest of the trace."""
+    :class:`~failslow.whatif.analysis.WhatIfAnalyzer` over the rest of the trace."""
 
     def __init__(self, meta: JobMeta, max_rows: int | None = None) -> None:
         self.meta = meta

@@ -434,7 +434,7 @@ ORDER BY time, worker"""
 
 
 # ---------------------------------------------------------------------------------------------
-# mitigation advice (Greyhound §5.1, the ski-rental planner of failslow.detectors.planner):
+# mitigation advice (Greyhound §5.1, the ski-rental planner of failslow.mitigation.planner):
 # table ``advice``, one row per decision, keyed by advice_id = anomaly/strategy/action
 
 

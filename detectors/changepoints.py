@@ -24,7 +24,7 @@ are one multivariate series with a diagonal Normal-Gamma model), lone outliers c
 BOCPD's maximum a posteriori segmentation (hazard 1/100) and a verification that keeps a
 candidate only when a change of level, trend or variance there pays for its BIC penalty,
 each kept change point moved to the best split between its neighbours
-(:func:`verify`). ``failslow bench changepoints`` (:mod:`failslow.detectors.cpbench`)
+(:func:`verify`). ``failslow bench changepoints`` (:mod:`failslow.bench.changepoints`)
 scores it on the TCPD benchmark against the published BOCPD results.
 """
 

@@ -4,7 +4,7 @@
 IterationTracker` (Greyhound §4.2 iteration times), the :class:`~failslow.detectors.slowdown.
 SlowdownDetector` (change points on those iteration times, CCL-D / Greyhound localization) and
 the :class:`~failslow.detectors.hang.HangDetector` (CCL-D hang taxonomy), and returns their
-reports and derived rows. The :class:`~failslow.detectors.planner.MitigationPlanner`
+reports and derived rows. The :class:`~failslow.mitigation.planner.MitigationPlanner`
 (Greyhound §5.1, Algorithm 1) follows the slow anomalies and the job's iteration times where
 they are produced and returns its mitigation advice with them (``Output.advice``).
 ``snapshot()`` / ``restore()`` carry the whole state as JSON (the planner's open anomalies
@@ -26,10 +26,10 @@ from failslow.detectors.base import EventBatch
 from failslow.detectors.dedup import CollDeduplicator
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
-from failslow.detectors.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
+from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
 
 STATE_VERSION = 1
 

@@ -51,8 +51,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from failslow import events, results
-from failslow.detectors.planner import ADVICE_SCHEMA
 from failslow.diagnosis import Anomaly, Diagnosis
+from failslow.mitigation.planner import ADVICE_SCHEMA
 from failslow.stream.sink import (
     ANOMALY_SCHEMA,
     DIAGNOSIS_SCHEMA,

@@ -96,7 +96,7 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
 class KafkaTransport(Transport):
     """Publish to and consume from Kafka topics.
 
-    ``bootstrap_servers``: ``host:port[,host:port]`` (default: ``failslow.infra
+    ``bootstrap_servers``: ``host:port[,host:port]`` (default: ``failslow.infra.kafka_broker
     .bootstrap_servers()``, i.e. ``$FAILSLOW_KAFKA``). ``group_id``: the consumer group.
     ``subscribe``: the logical topics :meth:`poll` reads (default: every record kind).
     ``topic_prefix`` is put before every Kafka topic name (``"test."`` turns
@@ -124,7 +124,7 @@ class KafkaTransport(Transport):
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', not {on_full!r}")
         if bootstrap_servers is None:
-            from failslow.infra import bootstrap_servers as default_servers
+            from failslow.infra.kafka_broker import bootstrap_servers as default_servers
 
             bootstrap_servers = default_servers()
         self.bootstrap_servers = bootstrap_servers

@@ -65,9 +65,9 @@ import pyarrow.ipc as ipc
 
 from failslow import events, results
 from failslow.detectors.base import EventBatch
-from failslow.detectors.planner import Advice, advice_table
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import ContractError, JobMeta
+from failslow.mitigation.planner import Advice, advice_table
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN
 from failslow.stream.sink import (
     ADVICE_TOPIC,
@@ -128,7 +128,7 @@ class Analyzer(Protocol):
 
 
 class WhatIf(Protocol):
-    """What the processor needs of a what-if analyzer (failslow.detectors.whatif
+    """What the processor needs of a what-if analyzer (failslow.whatif.analysis
     .WhatIfAnalyzer): ``update`` returns the new diagnosis ``whatif`` object when it was
     recomputed, else None."""
 
@@ -144,17 +144,17 @@ def default_analyzer(meta: JobMeta) -> Analyzer:
     """A :class:`failslow.detectors.job.JobAnalyzer` for ``meta``; its mitigation planner's
     action costs come from ``$FAILSLOW_PLANNER_COSTS`` (e.g. ``S2=5,S3=60,S4=1800``)."""
     from failslow.detectors.job import JobAnalyzer, JobConfig
-    from failslow.detectors.planner import PlannerConfig
+    from failslow.mitigation.planner import PlannerConfig
 
     analyzer: Analyzer = JobAnalyzer(meta, JobConfig(planner=PlannerConfig.from_env()))
     return analyzer
 
 
 def default_whatif(meta: JobMeta) -> WhatIf | None:
-    """A :class:`failslow.detectors.whatif.WhatIfAnalyzer` for ``meta``, or None when that
+    """A :class:`failslow.whatif.analysis.WhatIfAnalyzer` for ``meta``, or None when that
     module is not installed or refuses the job."""
     try:
-        from failslow.detectors.whatif import WhatIfAnalyzer
+        from failslow.whatif.analysis import WhatIfAnalyzer
     except ImportError:
         return None
     try:

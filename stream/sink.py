@@ -19,8 +19,8 @@ Two more records complete diagnosis.md's shape in the store: ``whatif`` (one row
 what-if result of a job, diagnosis.md ``whatif``) and ``diagnoses`` (one row per job and
 checkpoint with the ``iterations`` summary; the latest version wins).
 
-Mitigation advice (Greyhound §5.1; :mod:`failslow.detectors.planner`) is an event too: one
-``advice`` row per decision (:data:`~failslow.detectors.planner.ADVICE_SCHEMA`, keyed by its
+Mitigation advice (Greyhound §5.1; :mod:`failslow.mitigation.planner`) is an event too: one
+``advice`` row per decision (:data:`~failslow.mitigation.planner.ADVICE_SCHEMA`, keyed by its
 deterministic ``advice_id`` = ``anomaly/strategy/action``), and one JSON message per decision
 on ``failslow.advice`` (:func:`encode_advice`), published with the anomaly reports.
 """
@@ -35,8 +35,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from failslow.detectors.planner import ADVICE_VERSION, Advice
 from failslow.diagnosis import Anomaly
+from failslow.mitigation.planner import ADVICE_VERSION, Advice
 
 #: Topic of the mitigation advice (one JSON ``mitigation_advice`` object per message).
 ADVICE_TOPIC = "failslow.advice"
@@ -169,7 +169,7 @@ def decode_advice(value: bytes) -> Advice:
 
 
 def advice_from_table(table: pa.Table) -> list[Advice]:
-    """Advice rows (:data:`~failslow.detectors.planner.ADVICE_SCHEMA`) as objects."""
+    """Advice rows (:data:`~failslow.mitigation.planner.ADVICE_SCHEMA`) as objects."""
     return [Advice.from_dict(row) for row in table.to_pylist()]
 
 

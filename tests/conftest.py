@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from failslow import events, infra
+from failslow import events
+from failslow.infra import kafka_broker as infra
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -68,10 +69,10 @@ def tiny_trace(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # a real Kafka broker for the session
 #
-# Started once per session with failslow.infra (infra/kafka/kafka.sh) on free ports in a
-# temporary state dir, unless ``FAILSLOW_KAFKA`` names one. If it cannot start, the tests fail
-# with the broker's log tail; they skip (with the reason) only outside CI when Java or Maven is
-# missing.
+# Started once per session with failslow.infra.kafka_broker (infra/kafka/kafka.sh) on free
+# ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one. If it cannot start, the
+# tests fail with the broker's log tail; they skip (with the reason) only outside CI when Java
+# or Maven is missing.
 
 
 @dataclass

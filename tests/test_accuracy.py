@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from failslow.detectors import accuracy
+from failslow.bench import accuracy
 from failslow.diagnosis import Anomaly
 
 

@@ -1,4 +1,4 @@
-"""``failslow bench accuracy-hang`` (detectors/accuracy_hang.py): the hang suite's floors on a
+"""``failslow bench accuracy-hang`` (bench/accuracy_hang.py): the hang suite's floors on a
 shrunken suite, its post-processing (checkpoint pauses, delivery lag) and its scoring."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 from failslow import events
-from failslow.detectors.accuracy_hang import (
+from failslow.bench.accuracy_hang import (
     BENCHMARKS,
     SHAPES,
     WORLD_COMM,
@@ -82,7 +82,7 @@ def test_bench_entry_point_runs_alone() -> None:
 
 
 def _sim(shape: str = "16", iterations: int = 8) -> tuple[SimResult, dict[str, pa.Table]]:
-    from failslow.detectors.accuracy_hang import _scenario
+    from failslow.bench.accuracy_hang import _scenario
 
     sim = simulate(scenario_from_dict(_scenario(SHAPES[shape], iterations)), seed=3)
     return sim, {k: sim.tables[k] for k in ("coll", "progress", "link") if k in sim.kinds}
@@ -171,7 +171,7 @@ def _anomaly(cause: str, ranks: list[int], **extra: object) -> Anomaly:
 
 
 def test_scoring_counts_wrong_answers_and_false_alarms() -> None:
-    from failslow.detectors.accuracy_hang import _score
+    from failslow.bench.accuracy_hang import _score
 
     shape = SHAPES["16"]
     want = _anomaly("not_entered", [5])

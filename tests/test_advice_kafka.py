@@ -14,12 +14,12 @@ import pytest
 from test_pipeline_kafka import Store, Trace, _prefix, _replay, _replayed, _start, _until
 
 from conftest import Broker
-from failslow.detectors.planner import COSTS_ENV
-from failslow.plan import trace_advice
+from failslow.cli.plan import trace_advice
+from failslow.mitigation.planner import COSTS_ENV
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.sink import ADVICE_TOPIC, decode_advice
 
-COSTS = "S2=0.2,S3=0.4,S4=30"  # the demo's: its job lasts 25 s (failslow.demo.DEMO_COSTS)
+COSTS = "S2=0.2,S3=0.4,S4=30"  # the demo's: its job lasts 25 s (failslow.cli.demo.DEMO_COSTS)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from test_notify import receiver as receiver  # noqa: F401 - the fixture
 
 from failslow.dashboards import notify
 from failslow.dashboards.notify import Notifier
-from failslow.detectors.planner import DESCRIPTIONS, Advice
+from failslow.mitigation.planner import DESCRIPTIONS, Advice
 from failslow.stream.sink import ADVICE_TOPIC, encode_advice
 from failslow.stream.transport import ANOMALIES_TOPIC, InProcessTransport, topic_for
 

@@ -18,8 +18,8 @@ import stream_synth as synth
 
 from failslow import cli
 from failslow.detectors.job import JobAnalyzer, JobConfig
-from failslow.detectors.planner import ADVICE_SCHEMA, Advice, PlannerConfig
 from failslow.events import JobMeta
+from failslow.mitigation.planner import ADVICE_SCHEMA, Advice, PlannerConfig
 from failslow.replay import DEFAULT_WINDOW_NS, replay
 from failslow.simulator import simulate
 from failslow.simulator.scenario import scenario_from_dict

@@ -196,7 +196,7 @@ def test_agent_cli_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     import argparse
     import json
 
-    from failslow.agent_cli import add_parser
+    from failslow.cli.agent import add_parser
 
     rings = tmp_path / "rings"
     rings.mkdir()

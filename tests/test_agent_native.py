@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from failslow.bench.collector import NativeBuildError, build_native_cached, driver_env
 from failslow.collectors.agent import Agent, TraceDirSink
-from failslow.collectors.bench_native import NativeBuildError, build_native_cached, driver_env
 from failslow.tracedir import TraceDir
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -57,7 +57,7 @@ def test_agent_cpu_benchmark_drains_paced_ranks(tmp_path_factory: pytest.TempPat
     """``failslow bench collector``'s agent figure, small: 2 ranks x 2,000 intercepted calls/s
     through the real interposer; the agent process keeps up (two records per call, nothing
     dropped) and reports its own CPU seconds per wall second."""
-    from failslow.collectors.bench_native import measure_agent_cpu
+    from failslow.bench.collector import measure_agent_cpu
 
     try:
         build = build_native_cached(tmp_path_factory.getbasetemp() / "native")

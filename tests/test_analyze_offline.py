@@ -169,7 +169,7 @@ def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The what-if analysis is optional: if it fails the anomalies are still reported."""
     import failslow.analyze as an
-    from failslow.detectors.whatif import WhatIfAnalyzer
+    from failslow.whatif.analysis import WhatIfAnalyzer
 
     assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
     monkeypatch.setattr(an, "WHATIF_MAX_ROWS", 100_000)

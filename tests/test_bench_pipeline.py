@@ -1,11 +1,11 @@
-"""``failslow bench pipeline`` (stream/bench.py, issue 6 item 7): the capacity figures of a
+"""``failslow bench pipeline`` (bench/pipeline.py, issue 6 item 7): the capacity figures of a
 processor run, from the counters the processor writes with ``--stats-json``."""
 
 from __future__ import annotations
 
 import pytest
 
-from failslow.stream.bench import _phase, _steady
+from failslow.bench.pipeline import _phase, _steady
 
 
 def _stats(cpu_per_row_first: float, cpu_per_row_second: float, rows: int) -> dict:

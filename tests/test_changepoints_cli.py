@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from failslow import changepoints_cli
-from failslow.changepoints_cli import SeriesError, read_series
+from failslow.cli import changepoints as changepoints_cli
+from failslow.cli.changepoints import SeriesError, read_series
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

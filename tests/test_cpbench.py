@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from failslow.detectors.cpbench import (
+from failslow.bench.changepoints import (
     BENCHMARKS,
     PUBLISHED,
     cover_single,

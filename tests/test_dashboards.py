@@ -19,9 +19,9 @@ import pytest
 
 from conftest import SMALL
 from failslow import cli
+from failslow.cli.demo import DEMO_DATABASE
 from failslow.dashboards import macros, panels
 from failslow.dashboards.macros import ALL, QueryContext, Variable
-from failslow.demo import DEMO_DATABASE
 from failslow.diagnosis import Anomaly
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,10 +84,10 @@ def _whatif(client: Any, scenario: Path) -> int:
     (the demo runs without it)."""
     import time
 
-    from failslow.detectors.whatif import WhatIfAnalyzer
     from failslow.replay import DEFAULT_WINDOW_NS, replay
     from failslow.simulator import load_scenario, simulate
     from failslow.stream.sink import whatif_table
+    from failslow.whatif.analysis import WhatIfAnalyzer
 
     sim = simulate(load_scenario(scenario), 0)
     analyzer = WhatIfAnalyzer(sim.meta)

@@ -187,7 +187,7 @@ def test_prometheus_scrapes_the_processor_on_loopback() -> None:
     """The processor's metrics endpoint listens on 127.0.0.1 only, so Prometheus shares its
     network namespace, scrapes 127.0.0.1:<the processor's default metrics port> and Grafana
     reaches it at processor:9090."""
-    from failslow.stream_cli import DEFAULT_METRICS_PORT
+    from failslow.cli.stream import DEFAULT_METRICS_PORT
 
     services = _compose()["services"]
     prom = services["prometheus"]

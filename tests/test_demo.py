@@ -14,7 +14,7 @@ import pytest
 import stream_synth as synth
 
 from failslow import cli
-from failslow.demo import DEMO_DATABASE
+from failslow.cli.demo import DEMO_DATABASE
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
 from failslow.stream import clickhouse as ch

@@ -896,7 +896,7 @@ def test_simulator_hang_shapes(shape: tuple[int, int, int, int, int, str],
                                fault: dict[str, Any]) -> None:
     """Small shapes that exercise the tie-breaks of H2 and the placement of halt points in
     the schedule (pass, micro-batch, 1F1B phase: MEGATRACE §III-C step 3)."""
-    from failslow.detectors.accuracy_hang import Case, Shape, run_case, schedule_phase
+    from failslow.bench.accuracy_hang import Case, Shape, run_case, schedule_phase
 
     tp, pp, dp, cp, mb, sched = shape
     sh = Shape("t", tp, pp, dp, cp, mb, sched)

@@ -67,7 +67,7 @@ def test_batch_sizes_give_the_same_diagnosis() -> None:
     """Streaming (batches of any size) and offline (the whole trace at once) agree exactly:
     every decision is taken at a job iteration's end on the data before it."""
     from failslow.analyze import KINDS, run_analyzer
-    from failslow.detectors.accuracy import _job
+    from failslow.bench.accuracy import _job
     from failslow.simulator import scenario_from_dict, simulate
 
     spec = _job(2, 4, 4, iterations=36, noise={"gc_prob": 0.01, "gc_ms": [30.0, 120.0]},

@@ -138,7 +138,7 @@ def test_s2_microbatch_rebalance_recovers(tmp_path: Path) -> None:
     to replica 0, and the iteration time recovers."""
     import time
 
-    from failslow.detectors.microbatches import allocate_microbatches
+    from failslow.mitigation.microbatches import allocate_microbatches
 
     out, advice = tmp_path / "trace", tmp_path / "advice.json"
     progress = tmp_path / "trace.progress"

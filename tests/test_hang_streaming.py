@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pytest
 
 from failslow import events
-from failslow.detectors.accuracy_hang import inject_checkpoint
+from failslow.bench.accuracy_hang import inject_checkpoint
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.diagnosis import Anomaly

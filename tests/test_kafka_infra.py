@@ -1,4 +1,5 @@
-"""failslow.infra and KafkaTransport without a broker: configuration, safety, failure paths.
+"""failslow.infra.kafka_broker and KafkaTransport without a broker: configuration, safety,
+failure paths.
 
 (The tests against a running broker are in test_kafka_transport.py.)"""
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from failslow import events, infra
+from failslow import events
+from failslow.infra import kafka_broker as infra
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.transport import topic_for
 

@@ -1,7 +1,7 @@
 """KafkaTransport against a real Apache Kafka broker (KRaft, one node, 127.0.0.1).
 
-The broker is the session fixture ``broker`` of tests/conftest.py (failslow.infra on free
-ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one). Every test uses its own
+The broker is the session fixture ``broker`` of tests/conftest.py (failslow.infra.kafka_broker on
+free ports in a temporary state dir, unless ``FAILSLOW_KAFKA`` names one). Every test uses its own
 topic prefix and consumer groups.
 """
 
@@ -21,7 +21,8 @@ import pyarrow as pa
 import pytest
 
 from conftest import Broker
-from failslow import events, infra
+from failslow import events
+from failslow.infra import kafka_broker as infra
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.transport import (
     ANOMALIES_TOPIC,
@@ -270,8 +271,8 @@ def test_infra_status_cli_reports_the_running_broker(broker: Broker) -> None:
     assert status.running and status.ready and status.port == broker.port
     assert status.stops_at is not None and status.stops_at > time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "failslow.infra", "status", "--state-dir", str(broker.state_dir),
-         "--json"], capture_output=True, text=True, timeout=60)
+        [sys.executable, "-m", "failslow.infra.kafka_broker", "status", "--state-dir",
+         str(broker.state_dir), "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["running"] and data["bootstrap"] == broker.bootstrap and data["ready"]

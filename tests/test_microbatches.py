@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from failslow import cli
-from failslow.detectors.microbatches import allocate_microbatches
+from failslow.mitigation.microbatches import allocate_microbatches
 
 
 def brute_force(times: list[float], total: int, multiple_of: int = 1) -> float:
@@ -91,8 +91,8 @@ def test_bench_reports_figures_against_the_greedy_baseline() -> None:
 
 def _trace(faults: list[dict[str, object]], microbatches: int = 8,
            schedule: str = "1f1b") -> object:
-    from failslow.detectors.whatif import build_ops
     from failslow.simulator import scenario_from_dict, simulate
+    from failslow.whatif.analysis import build_ops
 
     sc = scenario_from_dict({"job": "s2", "parallel": {"tp": 2, "pp": 2, "dp": 4, "cp": 1},
                              "microbatches": microbatches, "iterations": 6,
@@ -107,8 +107,8 @@ SLOW_GROUP_0 = [{"cause": "compute", "ranks": [0, 1, 8, 9], "start": 0, "severit
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_even_counts_replay_the_traced_schedule(schedule: str) -> None:
-    from failslow.detectors.microbatches import detect_schedule, predict_microbatches
-    from failslow.detectors.whatif_sim import Plan, Variants
+    from failslow.mitigation.microbatches import detect_schedule, predict_microbatches
+    from failslow.whatif.sim import Plan, Variants
 
     ops = _trace(SLOW_GROUP_0, schedule=schedule)
     assert detect_schedule(ops) == schedule
@@ -119,7 +119,7 @@ def test_even_counts_replay_the_traced_schedule(schedule: str) -> None:
 
 
 def test_uneven_counts_predict_the_simulated_time() -> None:
-    from failslow.detectors.microbatches import predict_microbatches
+    from failslow.mitigation.microbatches import predict_microbatches
 
     ops = _trace(SLOW_GROUP_0)
     for m in (4, 12):       # the training simulator runs one count for every DP group
@@ -129,7 +129,7 @@ def test_uneven_counts_predict_the_simulated_time() -> None:
 
 
 def test_plan_from_a_trace_gives_the_slow_group_fewer_microbatches() -> None:
-    from failslow.detectors.microbatches import dp_group_times, plan_from_ops
+    from failslow.mitigation.microbatches import dp_group_times, plan_from_ops
 
     ops = _trace(SLOW_GROUP_0)
     t = dp_group_times(ops)

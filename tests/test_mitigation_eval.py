@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from failslow.detectors.mitigation_eval import BENCHMARKS, schedule_12
+from failslow.bench.mitigation import BENCHMARKS, schedule_12
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +84,14 @@ def test_end_to_end_breakdown_adds_up_and_calibration_hits_the_paper_s1(figures:
 def test_late_report_and_rebalancing_help_the_ski_rental_run() -> None:
     """The planner's backfill of pre-report slow iterations and S2's re-balancing on measured
     times make the planner act earlier and leave fewer slow iterations (scale 0.2)."""
-    from failslow.detectors.mitigation_eval import (
+    from failslow.bench.mitigation import (
         DETECTION_DELAY_S,
         _Regimes,
         _sim,
         _timeline,
     )
-    from failslow.detectors.topology_plan import Layout
-    from failslow.detectors.whatif import build_ops
+    from failslow.mitigation.topology import Layout
+    from failslow.whatif.analysis import build_ops
 
     res = _sim({"tp": 1, "pp": 2, "dp": 16}, [], 3, 8)
     reg = _Regimes(build_ops(res.tables, res.meta), Layout.from_meta(res.meta))

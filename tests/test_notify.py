@@ -455,7 +455,7 @@ def test_bad_messages_are_skipped(tmp_path: Path, receiver: Receiver) -> None:
 def test_cli_check_and_toml_config(tmp_path: Path, receiver: Receiver,
                                    monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from failslow import notify_cli
+    from failslow.cli import notify as notify_cli
 
     for k, v in _env(receiver).items():
         monkeypatch.setenv(k, v)

@@ -31,8 +31,8 @@ import pytest
 import stream_synth as synth
 
 from conftest import Broker
-from failslow import infra
 from failslow.analyze import analyze
+from failslow.infra import kafka_broker as infra
 from failslow.stream import clickhouse as ch
 from failslow.stream import transport as tr
 from failslow.stream.kafka import KafkaTransport
@@ -77,7 +77,7 @@ def _env(broker: Broker) -> dict[str, str]:
 
 
 def _cli(broker: Broker, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "failslow.stream_cli", *args],
+    return subprocess.run([sys.executable, "-m", "failslow.cli.stream", *args],
                           env=_env(broker), capture_output=True, text=True, timeout=timeout)
 
 
@@ -129,7 +129,7 @@ def _start(broker: Broker, data_dir: Path, prefix: str, *args: str, name: str = 
     log = data_dir / f"{name}.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     popen = subprocess.Popen(
-        [sys.executable, "-m", "failslow.stream_cli", "-v", "process", "--data-dir",
+        [sys.executable, "-m", "failslow.cli.stream", "-v", "process", "--data-dir",
          str(data_dir), "--topic-prefix", prefix, "--group", f"g-{prefix}",
          "--metrics-port", str(port), "--stats-json", str(stats), *args],
         env=_env(broker), stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
@@ -148,7 +148,7 @@ def _until(predicate: Any, timeout: float, what: str, proc: Proc | None = None) 
 
 def _replay(broker: Broker, trace: Trace, prefix: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "failslow.stream_cli", "replay", str(trace.path),
+        [sys.executable, "-m", "failslow.cli.stream", "replay", str(trace.path),
          "--topic-prefix", prefix, "--json", *args],
         env=_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from failslow import results
-from failslow.detectors.planner import (
+from failslow.diagnosis import Anomaly
+from failslow.mitigation.planner import (
     ADVICE_SCHEMA,
     Advice,
     AnomalyPlans,
@@ -19,7 +20,6 @@ from failslow.detectors.planner import (
     TracePlans,
     advice_table,
 )
-from failslow.diagnosis import Anomaly
 
 S = 1_000_000_000
 
@@ -178,7 +178,7 @@ def test_snapshot_keeps_skips_and_plans() -> None:
 
 
 def test_costs_from_the_environment_and_their_errors() -> None:
-    from failslow.detectors.planner import COSTS_ENV
+    from failslow.mitigation.planner import COSTS_ENV
 
     config = PlannerConfig.from_env({COSTS_ENV: "s2=0.5, S4=120"})
     assert config.cost_s == {"S2": 0.5, "S3": 60.0, "S4": 120.0}  # S3 keeps its default

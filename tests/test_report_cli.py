@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL
-from failslow import report_cli
+from failslow.cli import report as report_cli
 from failslow.dashboards import critical_path as cp
 from failslow.events import from_rows
 
@@ -144,7 +144,7 @@ def test_perfetto_trace(built: tuple[Path, Path], trace: Path) -> None:
 
 def test_report_from_clickhouse(tmp_path: Path, trace: Path) -> None:
     from failslow import cli
-    from failslow.demo import DEMO_DATABASE
+    from failslow.cli.demo import DEMO_DATABASE
 
     (tmp_path / "small.yaml").write_text(SMALL)
     data = tmp_path / "data"

@@ -175,7 +175,7 @@ def test_cli_list_presets_and_errors(tmp_path: Path,
 def test_bench_entry_point_small_scale() -> None:
     import argparse
 
-    from failslow.simulator.bench import BENCHMARKS
+    from failslow.bench.simulate import BENCHMARKS
 
     figures = BENCHMARKS["simulate"](argparse.Namespace(json=True, scale=1 / 32))
     assert figures["ranks"] == 8 * 8 * 2

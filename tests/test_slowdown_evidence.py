@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from failslow.analyze import KINDS, run_analyzer
-from failslow.detectors import accuracy
+from failslow.bench import accuracy
 from failslow.detectors.slowdown import _persistence_chance
 from failslow.diagnosis import Anomaly
 from failslow.simulator import scenario_from_dict, simulate

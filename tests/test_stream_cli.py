@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import stream_synth as synth
 
-from failslow import stream_cli
+from failslow.cli import stream as stream_cli
 from failslow.diagnosis import Anomaly
 from failslow.stream import clickhouse as ch
 from failslow.stream.metrics import MetricsServer, render
@@ -39,7 +39,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.parametrize("command", ["replay", "process", "query"])
 def test_every_command_has_help(command: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "failslow.stream_cli", command, "--help"],
+    out = subprocess.run([sys.executable, "-m", "failslow.cli.stream", command, "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     if command != "query":
@@ -111,7 +111,7 @@ def test_query_prints_the_stored_diagnosis(tmp_path: Path,
 
 def test_query_prints_the_stored_advice(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from failslow.detectors.planner import Advice, advice_table
+    from failslow.mitigation.planner import Advice, advice_table
 
     _store_job(tmp_path)
     apply = Advice(job="synth-1", anomaly_id="slow-6", strategy="S2", action="apply",

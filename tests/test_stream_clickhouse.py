@@ -13,9 +13,9 @@ import pytest
 import stream_synth as synth
 
 from failslow import events, results
-from failslow.detectors.planner import ADVICE_SCHEMA
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
+from failslow.mitigation.planner import ADVICE_SCHEMA
 from failslow.stream import clickhouse as ch
 from failslow.stream.processor import StreamProcessor
 from failslow.stream.sink import AnomalyReport, SinkBatch, anomalies_table

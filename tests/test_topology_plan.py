@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from failslow import cli
-from failslow.detectors.mitigation_eval import ground_truth_faults, node_map
-from failslow.detectors.topology_plan import (
+from failslow.bench.mitigation import ground_truth_faults, node_map
+from failslow.mitigation.topology import (
     Layout,
     PhysicalFaults,
     consolidate,
@@ -29,8 +29,8 @@ from failslow.detectors.topology_plan import (
     stages_needed,
     step_start_times,
 )
-from failslow.detectors.whatif import build_ops
 from failslow.simulator import scenario_from_dict, simulate, write_sim
+from failslow.whatif.analysis import build_ops
 
 PAR = {"tp": 1, "pp": 4, "dp": 4, "cp": 1}
 

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import SHARED
 from failslow.collectors.importers import straggler_analysis as sa
-from failslow.detectors import whatif as wi
 from failslow.tracedir import TraceDir
+from failslow.whatif import analysis as wi
 
 DATA = SHARED / "data" / "straggler-analysis"
 TRACE, META = DATA / "trace-AR.parquet", DATA / "meta-AR.yaml"

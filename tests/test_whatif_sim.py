@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from failslow.detectors import whatif as wi
 from failslow.replay import replay
 from failslow.simulator import SimResult, scenario_from_dict, simulate
+from failslow.whatif import analysis as wi
 
 NO_SAMPLES = {"progress_ms": 0, "link_ms": 0, "gpu_ms": 0}
 
@@ -247,7 +247,7 @@ def test_stream_analyzer(default: SimResult, kinds: tuple[str, ...]) -> None:
 def test_benchmark_runs_small() -> None:
     import argparse
 
-    from failslow.detectors.whatif_bench import BENCHMARKS
+    from failslow.bench.whatif import BENCHMARKS
 
     out = BENCHMARKS["whatif"](argparse.Namespace(json=True, scale=0.02))
     assert out["top_worker"] == out["injected_rank"]

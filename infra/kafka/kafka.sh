@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A one-node Apache Kafka broker (KRaft) on 127.0.0.1 without Docker, from Maven Central's jars
-# (infra/kafka/pom.xml). The implementation is failslow.infra (core/infra.py); this runs it:
+# (infra/kafka/pom.xml). The implementation is failslow.infra.kafka_broker
+# (infra/launcher/kafka_broker.py); this runs it:
 #
 #   bash infra/kafka/kafka.sh up [--port 9092] [--max-lifetime SECONDS] [--state-dir DIR]
 #   bash infra/kafka/kafka.sh status [--json]
@@ -10,4 +11,4 @@
 # Same as `failslow infra ...`. The broker stops by itself after --max-lifetime (default 12 h).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-exec "${PYTHON:-python3}" -m failslow.infra "$@"
+exec "${PYTHON:-python3}" -m failslow.infra.kafka_broker "$@"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from failslow.detectors.whatif_ops import Kind, OpTrace, WhatIfInputError
+from failslow.whatif.ops import Kind, OpTrace, WhatIfInputError
 
 COMPUTE, POST, COMPLETE = 0, 1, 2
 

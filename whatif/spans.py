@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 
 from failslow import events
-from failslow.detectors.whatif_ops import (
+from failslow.events import JobMeta
+from failslow.whatif.ops import (
     BASE_KINDS,
     MB_INDEXED,
     NAMED_KINDS,
@@ -55,7 +56,6 @@ from failslow.detectors.whatif_ops import (
     worker_coords,
     worker_table,
 )
-from failslow.events import JobMeta
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ DEFAULT_MAX_LIFETIME = 12 * 3600
 DEFAULT_HEAP = "512m"
 NODE_ID = 1
 
-_REPO_POM = Path(__file__).resolve().parents[1] / "infra" / "kafka" / "pom.xml"
+_REPO_POM = Path(__file__).resolve().parents[2] / "infra" / "kafka" / "pom.xml"
 _COMPLETE = ".complete"
 
 
@@ -659,7 +659,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m failslow.infra ACTION`` (what infra/kafka/kafka.sh runs)."""
+    """``python -m failslow.infra.kafka_broker ACTION`` (what infra/kafka/kafka.sh runs)."""
     parser = argparse.ArgumentParser(prog="failslow")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["infra", *(argv if argv is not None else sys.argv[1:])])

@@ -14,30 +14,30 @@ from failslow import __version__
 
 #: Modules that define ``add_parser(subparsers)`` for their subcommands.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "failslow.simulator.cli",
+    "failslow.cli.simulate",
     "failslow.analyze",
-    "failslow.demo",
-    "failslow.infra",
-    "failslow.plan",
-    "failslow.collectors.importers.cli",
-    "failslow.notify_cli",
-    "failslow.report_cli",
-    "failslow.agent_cli",
-    "failslow.stream_cli",
-    "failslow.changepoints_cli",
+    "failslow.cli.demo",
+    "failslow.infra.kafka_broker",
+    "failslow.cli.plan",
+    "failslow.cli.importers",
+    "failslow.cli.notify",
+    "failslow.cli.report",
+    "failslow.cli.agent",
+    "failslow.cli.stream",
+    "failslow.cli.changepoints",
 )
 #: Modules that define ``BENCHMARKS: dict[name, fn(args) -> dict]``.
 BENCHMARK_MODULES: tuple[str, ...] = (
-    "failslow.simulator.bench",
-    "failslow.plan",
+    "failslow.bench.simulate",
+    "failslow.cli.plan",
     "failslow.detectors.hang",
-    "failslow.detectors.whatif_bench",
-    "failslow.collectors.bench_native",
-    "failslow.detectors.mitigation_eval",
-    "failslow.detectors.accuracy_hang",
-    "failslow.detectors.accuracy",
-    "failslow.stream.bench",
-    "failslow.detectors.cpbench",
+    "failslow.bench.whatif",
+    "failslow.bench.collector",
+    "failslow.bench.mitigation",
+    "failslow.bench.accuracy_hang",
+    "failslow.bench.accuracy",
+    "failslow.bench.pipeline",
+    "failslow.bench.changepoints",
 )
 
 DESCRIPTION = """\

@@ -435,23 +435,23 @@ class TracePlans:
     @classmethod
     def from_tables(cls, tables: dict[str, pa.Table], meta: JobMeta,
                     multiple_of: int = 1) -> TracePlans:
-        from failslow.detectors.topology_plan import step_start_times
-        from failslow.detectors.whatif import build_ops
+        from failslow.mitigation.topology import step_start_times
+        from failslow.whatif.analysis import build_ops
 
         ops = build_ops(tables, meta)
         return cls(ops, meta, step_start_times(tables, ops, meta), multiple_of)
 
     def steps_of(self, anomaly: Anomaly) -> np.ndarray:
         """Which steps of the trace belong to the anomaly (all when step times are unknown)."""
-        from failslow.detectors.topology_plan import steps_in_window
+        from failslow.mitigation.topology import steps_in_window
 
         mask = steps_in_window(self.ops, self.step_starts, [anomaly])
         return mask if mask.any() else np.ones(self.ops.steps.size, dtype=bool)
 
     def plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
-        from failslow.detectors.microbatches import plan_from_ops
-        from failslow.detectors.topology_plan import plan_for_anomalies, subset_steps
-        from failslow.detectors.whatif_ops import WhatIfInputError
+        from failslow.mitigation.microbatches import plan_from_ops
+        from failslow.mitigation.topology import plan_for_anomalies, subset_steps
+        from failslow.whatif.ops import WhatIfInputError
 
         try:
             if strategy == "S2":
@@ -484,8 +484,8 @@ class AnomalyPlans:
             return {"strategy": strategy, "feasible": False, "reason": str(e)}
 
     def _plan(self, strategy: str, anomaly: Anomaly) -> dict[str, Any] | None:
-        from failslow.detectors.microbatches import allocate_microbatches
-        from failslow.detectors.topology_plan import Layout, PhysicalFaults, plan_topology
+        from failslow.mitigation.microbatches import allocate_microbatches
+        from failslow.mitigation.topology import Layout, PhysicalFaults, plan_topology
 
         if strategy == "S2" and self.meta.microbatches <= 0:
             return {"strategy": "S2", "feasible": False,

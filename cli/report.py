@@ -6,8 +6,8 @@ analyze``); with ``--job`` everything is read from ClickHouse (embedded chDB und
 ``--data-dir`` or a server at ``--clickhouse-url``), as the stream processor stored it.
 The page holds the iteration timeline with anomaly bands, the DP x PP heatmap, the anomaly
 table, the critical path of a slow iteration (:mod:`failslow.dashboards.critical_path`), the
-what-if breakdown (:mod:`failslow.detectors.whatif`, when available) and the mitigation
-planner's advice (Greyhound §5.1, :mod:`failslow.detectors.planner`).
+what-if breakdown (:mod:`failslow.whatif.analysis`, when available) and the mitigation
+planner's advice (Greyhound §5.1, :mod:`failslow.mitigation.planner`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
 
 def _whatif(tables: dict[str, pa.Table], meta: JobMeta) -> tuple[dict[str, Any] | None, str]:
     try:
-        from failslow.detectors.whatif import whatif
+        from failslow.whatif.analysis import whatif
     except ImportError as e:
         return None, f"the what-if analysis is not installed ({e})"
     errors: list[str] = []
@@ -245,7 +245,7 @@ def build(data: JobData, out: Path, perfetto: Path | None = None) -> dict[str, A
     with tempfile.TemporaryDirectory() as tmp:
         if data.diagnosis.whatif and "worker_grid" in data.diagnosis.whatif:
             try:
-                from failslow.detectors.whatif import heatmaps
+                from failslow.whatif.analysis import heatmaps
 
                 images = heatmaps(data.diagnosis.whatif, tmp)
             except (ImportError, KeyError, ValueError) as e:

@@ -444,7 +444,7 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m failslow.detectors.cpbench [--data DIR] [--json]``."""
+    """``python -m failslow.bench.changepoints [--data DIR] [--json]``."""
     p = argparse.ArgumentParser(prog="failslow-cpbench", description=__doc__.split("\n")[0])
     p.add_argument("--data", metavar="DIR", help="TCPD directory (with annotations.json)")
     p.add_argument("--json", action="store_true")

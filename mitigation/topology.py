@@ -25,7 +25,7 @@ traffic crosses (a congested pair multiplies the transfer time of every ring rou
 pipeline message that crosses it, as in the simulator; a ring or message that changes
 between intra- and inter-node is scaled by the inter/intra transfer ratio measured in the
 trace, else :data:`DEFAULT_INTER_RATIO`). Both timelines are then replayed by
-:class:`~failslow.detectors.whatif_sim.Plan` over the steps of the fail-slow; candidates
+:class:`~failslow.whatif.sim.Plan` over the steps of the fail-slow; candidates
 (consolidation, role swaps, both) are ranked by their predicted step time and the plan only
 recommends a change predicted to help.
 """
@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from failslow.detectors.whatif_ops import OpTrace, WhatIfInputError
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
+from failslow.whatif.ops import OpTrace, WhatIfInputError
 
 #: Inter-node over intra-node transfer time when the trace shows only one class (the
 #: simulator's defaults: NVLink 200 GB/s against 25 GB/s per rank across nodes).
@@ -100,7 +100,7 @@ class Layout:
     @classmethod
     def from_meta(cls, meta: JobMeta) -> Layout:
         """Workers from the communicators (what-if's worker table), nodes from ``meta.nodes``."""
-        from failslow.detectors.whatif_ops import worker_table
+        from failslow.whatif.ops import worker_table
 
         _, members = worker_table(meta)
         sizes = {len(members[p][d]) for p in range(meta.pp) for d in range(meta.dp)}
@@ -410,7 +410,7 @@ def subset_steps(ops: OpTrace, mask: np.ndarray) -> OpTrace:
 def simulate_many(ops: OpTrace, durs: Sequence[dict[str, np.ndarray]]) -> np.ndarray:
     """Replay several sets of OpDuration tensors (one per candidate) with the what-if
     dependency simulator in one run, stacked along the step axis: (candidates, steps)."""
-    from failslow.detectors.whatif_sim import Plan, Variants
+    from failslow.whatif.sim import Plan, Variants
 
     K, S = len(durs), ops.steps.size
     if K == 0:

@@ -56,9 +56,10 @@ import numpy as np
 import pyarrow as pa
 
 from failslow import results
-from failslow.detectors.microbatches import plan_from_ops, predict_microbatches
-from failslow.detectors.planner import MitigationPlanner, PlannerConfig
-from failslow.detectors.topology_plan import (
+from failslow.diagnosis import Anomaly
+from failslow.mitigation.microbatches import plan_from_ops, predict_microbatches
+from failslow.mitigation.planner import MitigationPlanner, PlannerConfig
+from failslow.mitigation.topology import (
     Layout,
     PhysicalFaults,
     plan_for_anomalies,
@@ -68,9 +69,8 @@ from failslow.detectors.topology_plan import (
     simulate_many,
     step_start_times,
 )
-from failslow.detectors.whatif import build_ops
-from failslow.detectors.whatif_ops import OpTrace
-from failslow.diagnosis import Anomaly
+from failslow.whatif.analysis import build_ops
+from failslow.whatif.ops import OpTrace
 
 PAPER: dict[str, dict[str, Any]] = {
     "s2_one_slow_dp_group": {"before_s": 1.31, "after_s": 0.83, "speedup": round(1.31 / 0.83, 2)},

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _demo_analyzer(processor_module: Any) -> Any:
     """The processor's default analyzer with the planner's costs scaled to the demo job."""
-    from failslow.detectors.planner import PlannerConfig
+    from failslow.mitigation.planner import PlannerConfig
 
     def make(meta: Any) -> Any:
         analyzer = processor_module.default_analyzer(meta)

@@ -135,7 +135,7 @@ def _canonical(programs: list[Program]) -> list[list[tuple[tuple[str, int], ...]
 def detect_schedule(ops: Any) -> str:
     """``1f1b`` or ``gpipe``: the schedule whose programs the traced ones follow (what-if
     kinds other than the pipeline's own are ignored); raises WhatIfInputError otherwise."""
-    from failslow.detectors.whatif_ops import WhatIfInputError
+    from failslow.whatif.ops import WhatIfInputError
 
     traced = _canonical(ops.programs)
     for schedule in ("1f1b", "gpipe"):
@@ -166,7 +166,7 @@ def dp_group_times(ops: Any, dur: dict[str, np.ndarray] | None = None) -> np.nda
 def predict_microbatches(ops: Any, m: list[int] | np.ndarray,
                          dur: dict[str, np.ndarray] | None = None) -> np.ndarray:
     """Simulated time of every step when DP group ``d`` runs ``m[d]`` micro-batches (what-if
-    dependency simulator, :class:`~failslow.detectors.whatif_sim.Plan`).
+    dependency simulator, :class:`~failslow.whatif.sim.Plan`).
 
     The what-if simulator runs one program per stage for every DP rank, so groups with
     different counts become separate virtual pipelines: virtual stage ``g * P + p`` is stage
@@ -177,8 +177,8 @@ def predict_microbatches(ops: Any, m: list[int] | np.ndarray,
     timelines do not change any maximum). With ``m`` all equal to the traced count this
     replays the traced schedule (the simulated original, restricted to the core kinds).
     """
-    from failslow.detectors.whatif_ops import BASE_KINDS, Kind, OpTrace
-    from failslow.detectors.whatif_sim import Plan, Variants
+    from failslow.whatif.ops import BASE_KINDS, Kind, OpTrace
+    from failslow.whatif.sim import Plan, Variants
 
     d = ops.dur if dur is None else dur
     counts = np.asarray(m, dtype=np.int64)
@@ -303,7 +303,7 @@ def plan_from_ops(ops: Any, dur: dict[str, np.ndarray] | None = None,
     """S2 for a trace: t_i from :func:`dp_group_times`, m_i from
     :func:`allocate_microbatches` (global batch = traced micro-batches x DP), and the step
     time before and after predicted by :func:`predict_microbatches` (mean over steps)."""
-    from failslow.detectors.whatif_ops import WhatIfInputError
+    from failslow.whatif.ops import WhatIfInputError
 
     t = dp_group_times(ops, dur)
     M, D = ops.microbatches, ops.dp

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from failslow.detectors.whatif import Options, analyze_ops, build_ops
-from failslow.detectors.whatif_ops import BASE_KINDS, OpTrace
-from failslow.detectors.whatif_sim import Plan, Variants
+from failslow.whatif.analysis import Options, analyze_ops, build_ops
+from failslow.whatif.ops import BASE_KINDS, OpTrace
+from failslow.whatif.sim import Plan, Variants
 
 #: (pp, dp) of the scaling series: 64 ... 16384 workers
 SERIES = ((4, 16), (8, 32), (16, 64), (32, 128), (64, 256))

@@ -34,15 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow.detectors.base import EventBatch
-from failslow.detectors.whatif_ops import (
+from failslow.events import JobMeta
+from failslow.whatif.ops import (
     CATEGORIES,
     OpTrace,
     WhatIfInputError,
     worker_table,
 )
-from failslow.detectors.whatif_plot import heatmaps
-from failslow.detectors.whatif_sim import Plan, Variants
-from failslow.events import JobMeta
+from failslow.whatif.plot import heatmaps
+from failslow.whatif.sim import Plan, Variants
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,12 @@ def build_ops(tables: dict[str, pa.Table], meta: JobMeta) -> OpTrace:
     if meta.pp < 1 or meta.dp < 1:
         raise WhatIfInputError("meta lacks the PP and DP degrees")
     if span is not None and span.num_rows:
-        from failslow.detectors.whatif_spans import from_spans
+        from failslow.whatif.spans import from_spans
 
         return from_spans(span, meta, coll)
     if coll is None or coll.num_rows == 0:
         raise WhatIfInputError("neither span nor coll rows")
-    from failslow.detectors.whatif_coll import from_coll
+    from failslow.whatif.coll import from_coll
 
     return from_coll(coll, meta)
 

@@ -56,7 +56,7 @@ WINDOW_NS = 100_000_000
 @contextlib.contextmanager
 def _broker() -> Iterator[str]:
     """``$FAILSLOW_KAFKA``, else the broker of ``failslow infra up``, else a temporary one."""
-    from failslow import infra
+    from failslow.infra import kafka_broker as infra
 
     env = os.environ.get(infra.ENV_BOOTSTRAP)
     if env and infra.probe(env, timeout=10):
@@ -165,7 +165,7 @@ def _processor(bootstrap: str, prefix: str, data_dir: Path, core: int, *args: st
     env = dict(os.environ)
     env.pop("FAILSLOW_DATA_DIR", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "failslow.stream_cli", "process", "--kafka", bootstrap,
+        [sys.executable, "-m", "failslow.cli.stream", "process", "--kafka", bootstrap,
          "--topic-prefix", prefix, "--group", f"bench-{uuid.uuid4().hex[:8]}",
          "--data-dir", str(data_dir), "--metrics-port", "-1", "--partitions", "1",
          "--stats-json", str(data_dir / "stats.json"), *args],
@@ -356,9 +356,9 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m failslow.stream.bench [--scale S]`` (what ``failslow bench pipeline``
+    """``python -m failslow.bench.pipeline [--scale S]`` (what ``failslow bench pipeline``
     runs)."""
-    parser = argparse.ArgumentParser(prog="python -m failslow.stream.bench")
+    parser = argparse.ArgumentParser(prog="python -m failslow.bench.pipeline")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--iterations", type=int, default=12)
     print(json.dumps(bench_pipeline(parser.parse_args(argv))))

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow import events
-from failslow.detectors.whatif_ops import (
+from failslow.events import JobMeta
+from failslow.whatif.ops import (
     CollOps,
     OpTrace,
     WhatIfInputError,
@@ -37,8 +38,7 @@ from failslow.detectors.whatif_ops import (
     occurrence,
     worker_coords,
 )
-from failslow.detectors.whatif_spans import from_spans
-from failslow.events import JobMeta
+from failslow.whatif.spans import from_spans
 
 _K = {k: i for i, k in enumerate(events.COMM_KINDS)}
 _INSIDE = (_K["tp"], _K["cp"], _K["ep"])

@@ -622,4 +622,4 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 # the hang suite lives next to this one; imported last (it is this module's peer)
-from failslow.detectors.accuracy_hang import hang_suite  # noqa: E402
+from failslow.bench.accuracy_hang import hang_suite  # noqa: E402

@@ -183,7 +183,7 @@ def _float_or_none(value: str | None) -> float | None:
 def _bootstrap(args: argparse.Namespace) -> str:
     if args.kafka:
         return str(args.kafka)
-    from failslow.infra import bootstrap_servers
+    from failslow.infra.kafka_broker import bootstrap_servers
 
     return bootstrap_servers()
 
@@ -310,7 +310,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     logging.getLogger("failslow").setLevel(min(logging.INFO,
                                                logging.getLogger().getEffectiveLevel()))
     if args.planner_costs:
-        from failslow.detectors.planner import COSTS_ENV, PlannerConfig
+        from failslow.mitigation.planner import COSTS_ENV, PlannerConfig
 
         try:
             PlannerConfig.parse_costs(args.planner_costs)
@@ -467,7 +467,7 @@ def cmd_query_anomalies(args: argparse.Namespace) -> int:
 
 
 def cmd_query_advice(args: argparse.Namespace) -> int:
-    from failslow.detectors.planner import Advice
+    from failslow.mitigation.planner import Advice
 
     sink = _sink(args)
     try:
@@ -515,7 +515,7 @@ def cmd_query_jobs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m failslow.stream_cli replay|process|query ...`` (the same commands as
+    """``python -m failslow.cli.stream replay|process|query ...`` (the same commands as
     ``failslow replay|process|query``)."""
     parser = argparse.ArgumentParser(prog="failslow")
     parser.add_argument("-v", "--verbose", action="count", default=0)

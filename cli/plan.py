@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.detectors.microbatches import allocate_microbatches
+from failslow.mitigation.microbatches import allocate_microbatches
 from failslow.replay import DEFAULT_WINDOW_NS
 
 
@@ -38,8 +38,8 @@ def _load_trace(trace_dir: str, diagnosis: str | None = None) -> tuple[Any, Any,
 
 def _trace_plans(trace_dir: str, anomaly: str | None, diagnosis: str | None = None
                  ) -> tuple[Any, list[Any], Any]:
-    from failslow.detectors.topology_plan import anomaly_groups, step_start_times
-    from failslow.detectors.whatif import build_ops
+    from failslow.mitigation.topology import anomaly_groups, step_start_times
+    from failslow.whatif.analysis import build_ops
 
     meta, tables, diag = _load_trace(trace_dir, diagnosis)
     ops = build_ops(tables, meta)
@@ -54,9 +54,9 @@ def _trace_plans(trace_dir: str, anomaly: str | None, diagnosis: str | None = No
 
 def _cmd_microbatches_trace(args: argparse.Namespace) -> int:
     """S2 from a trace: per-DP-group micro-batch times over each slow anomaly's steps."""
-    from failslow.detectors.microbatches import plan_from_ops
-    from failslow.detectors.planner import TracePlans
-    from failslow.detectors.topology_plan import subset_steps
+    from failslow.mitigation.microbatches import plan_from_ops
+    from failslow.mitigation.planner import TracePlans
+    from failslow.mitigation.topology import subset_steps
 
     (meta, ops, starts), groups, diag = _trace_plans(args.trace, args.anomaly, args.diagnosis)
     plans = TracePlans(ops, meta, starts, args.multiple_of)
@@ -175,7 +175,7 @@ def add_parser(sub: Any) -> None:
 
 def _costs(text: str) -> dict[str, float]:
     """``S2=5,S3=60`` -> action costs in seconds (strategies not named keep their default)."""
-    from failslow.detectors.planner import PlannerConfig
+    from failslow.mitigation.planner import PlannerConfig
 
     try:
         return PlannerConfig.parse_costs(text)
@@ -187,14 +187,14 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
                  multiple_of: int = 1) -> tuple[Any, list[Any]]:
     """Replay ``trace_dir`` through the job analyzer, as ``failslow analyze`` and the stream
     processor do, and collect the mitigation planner's advice (Greyhound §5.1, Algorithm 1)
-    in decision order. Returns the job's meta and the :class:`~failslow.detectors.planner
+    in decision order. Returns the job's meta and the :class:`~failslow.mitigation.planner
     .Advice` list."""
     import dataclasses
 
     from failslow.analyze import _membership, replay_dir
     from failslow.detectors.job import JobAnalyzer, JobConfig
-    from failslow.detectors.planner import PlannerConfig
     from failslow.detectors.slowdown import infer_comms
+    from failslow.mitigation.planner import PlannerConfig
     from failslow.tracedir import TraceDir
 
     td = TraceDir(trace_dir)
@@ -237,7 +237,7 @@ def _cmd_advice(args: argparse.Namespace) -> int:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from failslow.detectors.topology_plan import plan_for_anomalies
+    from failslow.mitigation.topology import plan_for_anomalies
 
     try:
         (meta, ops, starts), groups, diag = _trace_plans(args.trace, args.anomaly,

@@ -1,0 +1,1 @@
+"""Benchmarks and accuracy suites (``failslow bench NAME``); product code never imports them."""
