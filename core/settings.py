@@ -1,0 +1,270 @@
+"""failslow's one settings object: the only module that reads the process environment.
+
+Every setting has one environment variable (the table :data:`ENV`, all ``FAILSLOW_*`` but the
+Grafana credentials that compose already names), may come from a config file
+(``FAILSLOW_CONFIG`` = a TOML or YAML file with the same nested keys, e.g. ``[kafka]
+bootstrap = "..."``) and is overridden by command-line flags. Precedence, highest first:
+flags, environment, config file, defaults. A secret (``SecretStr``) may instead be read from
+a file named by the same variable with ``_FILE`` appended (``FAILSLOW_CLICKHOUSE_PASSWORD_FILE``),
+the way container secrets are mounted; it is never printed (``failslow config show`` masks it).
+
+Code outside this module never reads ``os.environ``: it calls :func:`get_settings` for
+settings and :func:`environment` for the raw variables a child process or a config template
+(``${VAR}`` in a notify routes file) needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class KafkaSettings(BaseModel):
+    """The Kafka cluster the stream commands use."""
+
+    #: ``host:port[,host:port]``; None: the local broker of ``failslow infra up``
+    bootstrap: str | None = None
+    #: prefix of every topic name (several pipelines on one cluster)
+    topic_prefix: str = ""
+    #: consumer group of ``failslow process``
+    group: str = "failslow-processor"
+    #: partitions of the topics the processor creates
+    partitions: int = 4
+
+
+class ClickHouseSettings(BaseModel):
+    """The ClickHouse store: a server URL, else the embedded chDB in ``DATA_DIR/clickhouse``."""
+
+    url: str | None = None
+    database: str = "failslow"
+    user: str | None = None
+    password: SecretStr | None = None
+
+
+class ProcessorSettings(BaseModel):
+    """``failslow process``: the stream processor."""
+
+    #: checkpoints, the embedded store and other state (None: ``$XDG_DATA_HOME/failslow``)
+    data_dir: Path | None = None
+    #: Prometheus metrics port (0: any free port; None: no endpoint)
+    metrics_port: int | None = 9464
+    #: stop after this many idle seconds (None: run until stopped)
+    exit_when_idle: float | None = None
+    #: mitigation planner action costs, ``S2=5,S3=60,S4=1800`` (seconds of training)
+    planner_costs: str = ""
+
+
+class NotifySettings(BaseModel):
+    """``failslow notify``: webhooks to the on-call engineer."""
+
+    webhook_secret: SecretStr | None = None
+    prometheus_url: str | None = None
+
+
+class CollectorSettings(BaseModel):
+    """The Python collectors and the node agent (the native collectors read the same
+    variables in C, native/README.md)."""
+
+    job: str = "default"
+    ring_dir: Path = Path("/dev/shm")
+    ring_capacity: int | None = None
+
+
+class InfraSettings(BaseModel):
+    """``failslow infra``: the local Kafka broker for development and tests."""
+
+    #: broker configuration, data and logs (None: ``${XDG_CACHE_HOME:-~/.cache}/failslow``)
+    state_dir: Path | None = None
+    #: the broker's jars (None: under the cache directory)
+    kafka_libs: Path | None = None
+
+
+class GrafanaSettings(BaseModel):
+    user: str = "admin"
+    password: SecretStr = SecretStr("admin")
+
+
+class BenchSettings(BaseModel):
+    #: the TCPD change-point benchmark's data directory (``bench changepoints``)
+    tcpd: Path | None = None
+
+
+#: Environment variable -> setting (section, field). The one table of every variable.
+ENV: dict[str, tuple[str, str]] = {
+    "FAILSLOW_KAFKA": ("kafka", "bootstrap"),
+    "FAILSLOW_TOPIC_PREFIX": ("kafka", "topic_prefix"),
+    "FAILSLOW_GROUP": ("kafka", "group"),
+    "FAILSLOW_PARTITIONS": ("kafka", "partitions"),
+    "FAILSLOW_CLICKHOUSE": ("clickhouse", "url"),
+    "FAILSLOW_DATABASE": ("clickhouse", "database"),
+    "FAILSLOW_CLICKHOUSE_USER": ("clickhouse", "user"),
+    "FAILSLOW_CLICKHOUSE_PASSWORD": ("clickhouse", "password"),
+    "FAILSLOW_DATA_DIR": ("processor", "data_dir"),
+    "FAILSLOW_METRICS_PORT": ("processor", "metrics_port"),
+    "FAILSLOW_EXIT_WHEN_IDLE": ("processor", "exit_when_idle"),
+    "FAILSLOW_PLANNER_COSTS": ("processor", "planner_costs"),
+    "FAILSLOW_WEBHOOK_SECRET": ("notify", "webhook_secret"),
+    "FAILSLOW_PROMETHEUS_URL": ("notify", "prometheus_url"),
+    "FAILSLOW_JOB": ("collector", "job"),
+    "FAILSLOW_RING_DIR": ("collector", "ring_dir"),
+    "FAILSLOW_RING_CAPACITY": ("collector", "ring_capacity"),
+    "FAILSLOW_STATE_DIR": ("infra", "state_dir"),
+    "FAILSLOW_KAFKA_LIBS": ("infra", "kafka_libs"),
+    "GRAFANA_USER": ("grafana", "user"),
+    "GRAFANA_ADMIN_PASSWORD": ("grafana", "password"),
+    "FAILSLOW_TCPD": ("bench", "tcpd"),
+    "FAILSLOW_LOG_FORMAT": ("", "log_format"),
+}
+#: Settings that are secrets: may come from ``<VARIABLE>_FILE``, never printed.
+SECRETS = ("FAILSLOW_CLICKHOUSE_PASSWORD", "FAILSLOW_WEBHOOK_SECRET", "GRAFANA_ADMIN_PASSWORD")
+CONFIG_ENV = "FAILSLOW_CONFIG"
+
+
+def _nested(values: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (section, name), value in values.items():
+        if section:
+            out.setdefault(section, {})[name] = value
+        else:
+            out[name] = value
+    return out
+
+
+class _EnvTable(PydanticBaseSettingsSource):
+    """The variables of :data:`ENV` (empty ones are unset) and the ``_FILE`` secrets."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything is in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        env = environment()
+        found: dict[tuple[str, str], Any] = {}
+        for var, key in ENV.items():
+            value = env.get(var, "")
+            if var in SECRETS and not value and env.get(var + "_FILE"):
+                path = Path(env[var + "_FILE"])
+                try:
+                    value = path.read_text().strip()
+                except OSError as e:
+                    raise ValueError(f"{var}_FILE: cannot read {path}: {e.strerror}") from None
+            if value.strip():
+                found[key] = value
+        return _nested(found)
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The file named by ``$FAILSLOW_CONFIG`` (or passed to :func:`load_settings`)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        try:
+            text = self.path.read_text()
+        except OSError as e:
+            raise ValueError(f"config file {self.path}: {e.strerror}") from None
+        try:
+            data = (tomllib.loads(text) if self.path.suffix == ".toml"
+                    else yaml.safe_load(text) or {})
+        except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+            raise ValueError(f"config file {self.path}: not valid "
+                             f"{'TOML' if self.path.suffix == '.toml' else 'YAML'}: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config file {self.path}: expected a mapping of sections")
+        return data
+
+
+class Settings(BaseSettings):
+    """Every setting of failslow (see the module docstring for where each comes from)."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    processor: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
+    infra: InfraSettings = Field(default_factory=InfraSettings)
+    grafana: GrafanaSettings = Field(default_factory=GrafanaSettings)
+    bench: BenchSettings = Field(default_factory=BenchSettings)
+    #: ``text`` (readable) or ``json`` (one object per line) logs on standard error
+    log_format: Literal["text", "json"] = "text"
+
+    @classmethod
+    def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _config_file or environment().get(CONFIG_ENV) or None
+        return (init_settings, _EnvTable(settings_cls),
+                _ConfigFile(settings_cls, Path(path) if path else None))
+
+    def masked(self) -> dict[str, Any]:
+        """The settings as plain JSON values, secrets shown as ``"********"``."""
+        def plain(value: Any) -> Any:
+            if isinstance(value, SecretStr):
+                return "********"
+            if isinstance(value, BaseModel):
+                return {k: plain(getattr(value, k)) for k in type(value).model_fields}
+            if isinstance(value, Path):
+                return str(value)
+            return value
+        return {k: plain(getattr(self, k)) for k in type(self).model_fields}
+
+    def show(self) -> str:
+        """``failslow config show``: the effective settings, one ``section.key = value``
+        per line with the variable that sets it."""
+        var_of = {key: var for var, key in ENV.items()}
+        lines = []
+        for section, values in self.masked().items():
+            items = values.items() if isinstance(values, dict) else [("", values)]
+            for name, value in items:
+                key = f"{section}.{name}" if name else section
+                var = var_of.get((section, name) if name else ("", section), "")
+                lines.append(f"{key:<28} {json.dumps(value):<32} {var}")
+        return "\n".join(lines)
+
+
+#: the config file given on the command line (``failslow --config FILE``)
+_config_file: Path | None = None
+
+
+def environment() -> dict[str, str]:
+    """A copy of the process environment: for child processes and config templates."""
+    return dict(os.environ)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings of this process (read once; :func:`reload_settings` after a change)."""
+    return Settings()
+
+
+def reload_settings() -> Settings:
+    """Read the environment and config file again (tests; ``failslow --config FILE``)."""
+    get_settings.cache_clear()
+    return get_settings()
+
+
+def set_config_file(path: str | Path) -> Settings:
+    """Use ``path`` as the config file (``failslow --config FILE``) and read the settings."""
+    global _config_file
+    _config_file = Path(path)
+    return reload_settings()
