@@ -129,7 +129,7 @@ SECRETS = ("FAILSLOW_CLICKHOUSE_PASSWORD", "FAILSLOW_WEBHOOK_SECRET", "GRAFANA_A
 CONFIG_ENV = "FAILSLOW_CONFIG"
 
 
-def _nested(values: Mapping[str, Any]) -> dict[str, Any]:
+def _nested(values: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for (section, name), value in values.items():
         if section:
