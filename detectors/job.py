@@ -14,11 +14,13 @@ baselines, without re-reporting and without advising twice.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from failslow import results
@@ -83,6 +85,8 @@ class JobAnalyzer:
         self.failed: dict[str, str] = {}
         #: repeated ``coll`` rows (at-least-once delivery) never reach the detectors
         self.dedup = CollDeduplicator()
+        #: ranks that sent at least one ``coll`` row (see ``_unknown_roots``)
+        self.observed = np.zeros(max(meta.world_size, 1), dtype=bool)
         self.planner: MitigationPlanner | None = None
         if self.config.planner is not None:
             self.planner = MitigationPlanner(
@@ -93,6 +97,7 @@ class JobAnalyzer:
         coll = batch.get("coll")
         if coll is not None:
             batch = {**batch, "coll": self.dedup.update(coll)}
+            self._observe(batch["coll"])
         iterations = self._guard("iterations", lambda: self.tracker.update(batch),
                                  results.empty("iterations"))
         found = self._guard("slowdown", lambda: self.slowdown.update(
@@ -133,7 +138,34 @@ class JobAnalyzer:
         return self._guard("planner", lambda: planner.update(
             results.empty("iterations") if iterations is None else iterations, found), [])
 
+    def _observe(self, coll: pa.Table) -> None:
+        if not coll.num_rows:
+            return
+        ranks = np.unique(coll.column("rank").to_numpy())
+        ranks = ranks[ranks >= 0]
+        if len(ranks) and ranks[-1] >= len(self.observed):
+            grown = np.zeros(int(ranks[-1]) + 1, dtype=bool)
+            grown[:len(self.observed)] = self.observed
+            self.observed = grown
+        self.observed[ranks] = True
+
+    def _unknown_roots(self, found: list[Anomaly]) -> None:
+        """Missing data is not evidence: a rank that never sent a row (no Flight Recorder
+        dump, a dead collector) is never a root cause. It moves from ``ranks`` to
+        ``extra["unknown_ranks"]``; an anomaly that pointed only at such ranks keeps no root
+        rank and says so."""
+        for a in found:
+            unknown = [r for r in a.ranks
+                       if r < 0 or r >= len(self.observed) or not self.observed[r]]
+            if not unknown:
+                continue
+            a.ranks = [r for r in a.ranks if r not in unknown]
+            a.extra["unknown_ranks"] = sorted(set(unknown) | set(a.extra.get("unknown_ranks", [])))
+            a.extra["note"] = ("the rank(s) in unknown_ranks sent no data: they may be the cause "
+                               "or their collector may have failed; not named as root cause")
+
     def _record(self, found: list[Anomaly]) -> None:
+        self._unknown_roots(found)
         for a in found:
             self._anomalies[a.id] = a
 
@@ -153,7 +185,9 @@ class JobAnalyzer:
                 "slowdown": self.slowdown.snapshot(), "hang": self.hang.snapshot(),
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
-                "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped}
+                "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
+                "observed": {"n": len(self.observed), "bits": base64.b64encode(
+                    np.packbits(self.observed).tobytes()).decode()}}
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
@@ -162,8 +196,13 @@ class JobAnalyzer:
         self.slowdown.restore(state["slowdown"])
         self.hang.restore(state["hang"])
         self._anomalies = {}
-        self._record([Anomaly.from_dict(a) for a in state["anomalies"]])
+        for a in (Anomaly.from_dict(d) for d in state["anomalies"]):
+            self._anomalies[a.id] = a
         if self.planner is not None and state.get("planner") is not None:
             self.planner.restore(state["planner"])
         self.failed = dict(state.get("failed", {}))
         self.dedup.dropped = int(state.get("duplicates_dropped", 0))
+        seen = state.get("observed")
+        if seen is not None:
+            bits = np.frombuffer(base64.b64decode(seen["bits"]), dtype=np.uint8)
+            self.observed = np.unpackbits(bits)[:int(seen["n"])].astype(bool)

@@ -132,3 +132,4 @@ def test_repeated_coll_rows_do_not_change_the_diagnosis() -> None:
     _run(twice, list(replay(twice_tables, 20 * MS)))
     assert twice.dedup.dropped == coll.num_rows // 2
     assert twice.diagnosis().to_dict() == once.diagnosis().to_dict()
+

@@ -327,12 +327,38 @@ def test_analyze_names_ranks_12_and_14_as_hang_roots(
     """The GPU errors were injected on ranks 12 and 14 (fault_injection.log). In the dumps, 12
     stopped issuing (its peers entered rounds it never did) and 12 and 14 both stopped
     completing: they hold rounds in flight that their healthy peers 13 and 15 completed. A
-    diagnosis must name exactly 12 and 14 as hang roots, not the peers that wait on them.
-    Runs as soon as ``failslow.analyze`` exists (it is written in parallel)."""
-    pytest.importorskip("failslow.analyze", reason="failslow.analyze is not written yet")
+    diagnosis must name exactly 12 and 14 as hang roots, not the peers that wait on them."""
     capsys.readouterr()
     assert cli.main(["analyze", str(imported.path), "--json"]) == 0
     diagnosis = json.loads(capsys.readouterr().out)
     hangs = [a for a in diagnosis["anomalies"] if a["kind"] == "hang"]
     roots = {r for a in hangs for r in a["ranks"]}
     assert roots == {12, 14}, [(a["cause"], a["ranks"]) for a in hangs]
+
+
+@pytest.mark.parametrize("removed", [3, 12])
+def test_a_missing_dump_is_named_and_never_a_root_cause(
+        removed: int, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Missing dumps are common (PyTorch's analyzer has --allow-incomplete-ranks). The import
+    names the rank without a dump; the diagnosis never blames it: with a healthy rank's dump
+    gone the roots stay 12 and 14, with culprit 12's dump gone 14 is still named and 12 is
+    listed as unknown, not as a root."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    for p in DUMPS.glob("_dump_*"):
+        if p.name != f"_dump_{removed}":
+            (dumps / p.name).write_bytes(p.read_bytes())
+    with caplog.at_level("WARNING"):
+        result = fr.import_dumps(dumps)
+        result.log_warnings(fr.log)
+    assert f"no dump for 1 of 16 ranks (rank {removed})" in caplog.text
+    assert result.info["unobserved_ranks"] == [removed]
+    from failslow.analyze import analyze
+
+    diag = analyze(result.write(tmp_path / "trace"))
+    hangs = [a for a in diag.anomalies if a.kind == "hang"]
+    roots = {r for a in hangs for r in a.ranks}
+    assert removed not in roots
+    assert roots == {12, 14} - {removed}
+    unknown = {r for a in hangs for r in a.extra.get("unknown_ranks", [])}
+    assert unknown <= {removed}

@@ -557,7 +557,10 @@ def convert(dumps: Mapping[int, Mapping[str, Any]], job: str,
     world = _world_size(unique.values(), dumps.keys())
     missing = sorted(set(range(world)) - set(dumps))
     if missing:
-        result.warn(f"no dump for {len(missing)} of {world} ranks", len(missing))
+        named = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
+        plural = "s" if len(missing) > 1 else ""
+        result.warn(f"no dump for {len(missing)} of {world} ranks (rank{plural} {named}): "
+                    "reported as unknown, never as a root cause", len(missing))
 
     converters = []
     for rank, dump in sorted(dumps.items()):
@@ -580,6 +583,7 @@ def convert(dumps: Mapping[int, Mapping[str, Any]], job: str,
                           comms=tuple(comms))
     result.tables = {"coll": _coll_table(job, ops)}
     result.info = _info(dumps, sources, converters, ops)
+    result.info["unobserved_ranks"] = missing
     return result
 
 
