@@ -187,7 +187,7 @@ SLOW_LINK_TRACES = {
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=False, reason=r) if r else ())
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=r) if r else ())
     for n, r in SLOW_LINK_TRACES.items()])
 def test_recorded_slow_link_named(name: str) -> None:
     found = _analyze(ROOT / "tests" / "data" / "slow_link" / name)
