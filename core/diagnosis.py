@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from failslow import results
+
 VERSION = 1
 KINDS = ("slow", "hang")
 SLOW_CAUSES = ("compute", "communication", "mixed")
@@ -102,14 +104,10 @@ class Diagnosis:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+#: The Python types of each anomaly field in a diagnosis document: those of its column in
+#: the output contract's ``anomalies`` table (``extra`` holds the unknown fields, unchecked).
 _ANOMALY_TYPES: dict[str, tuple[type, ...]] = {
-    "id": (str,), "kind": (str,), "cause": (str,), "ranks": (list,),
-    "link": (list, type(None)), "comm": (int, type(None)), "comm_kind": (str, type(None)),
-    "stage": (str, type(None)), "start_ns": (int, type(None)),
-    "detected_ns": (int, type(None)), "end_ns": (int, type(None)),
-    "slowdown": (float, int, type(None)), "R": (float, int, type(None)),
-    "P": (float, int, type(None)),
-}
+    k: v for k, v in results.record_types("anomalies", Anomaly).items() if k != "extra"}
 
 
 def validate(d: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from failslow import results
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 
@@ -72,27 +73,9 @@ REVERSIBLE = {"S2", "S3"}
 #: Environment variable with the action costs of the stream processor's planner.
 COSTS_ENV = "FAILSLOW_PLANNER_COSTS"
 
-#: Arrow schema of advice rows (``Advice.to_row()``); ``plan`` is JSON text.
-ADVICE_SCHEMA = pa.schema([
-    pa.field("version", pa.int16(), nullable=False),
-    pa.field("advice_id", pa.string(), nullable=False),
-    pa.field("job", pa.string(), nullable=False),
-    pa.field("anomaly_id", pa.string(), nullable=False),
-    pa.field("cause", pa.string(), nullable=False),
-    pa.field("ranks", pa.list_(pa.int64()), nullable=False),
-    pa.field("link", pa.list_(pa.int64())),
-    pa.field("strategy", pa.string(), nullable=False),
-    pa.field("action", pa.string(), nullable=False),
-    pa.field("t_ns", pa.int64(), nullable=False),
-    pa.field("impact_s", pa.float64(), nullable=False),
-    pa.field("cost_s", pa.float64(), nullable=False),
-    pa.field("slow_iterations", pa.int64(), nullable=False),
-    pa.field("t_slow_s", pa.float64()),
-    pa.field("t_healthy_s", pa.float64()),
-    pa.field("description", pa.string(), nullable=False),
-    pa.field("reason", pa.string(), nullable=False),
-    pa.field("plan", pa.string()),
-])
+#: Arrow schema of advice rows (``Advice.to_row()``; the output contract's ``advice``
+#: table, :mod:`failslow.results`); ``plan`` is JSON text.
+ADVICE_SCHEMA = results.SCHEMAS["advice"]
 
 
 @dataclass
@@ -212,7 +195,7 @@ def _json_default(x: Any) -> Any:
 
 def advice_table(advice: list[Advice]) -> pa.Table:
     """Advice as an Arrow table of :data:`ADVICE_SCHEMA` (for ClickHouse / Parquet)."""
-    return pa.Table.from_pylist([a.to_row() for a in advice], schema=ADVICE_SCHEMA)
+    return results.to_table("advice", [a.to_row() for a in advice])
 
 
 class PlanSource(Protocol):

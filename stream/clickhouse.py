@@ -1,7 +1,6 @@
-"""ClickHouse storage: the schema, generated from the Arrow schemas of the contract
-(failslow.events.SCHEMAS, failslow.results.SCHEMAS and the processor's records), a sink that
-writes Arrow tables with ``insert_arrow``, the processor's checkpoint store and the reads
-behind ``failslow query``.
+"""ClickHouse storage: the DDL of the output contract (:data:`failslow.results.TABLES`), a
+sink that writes Arrow tables with ``insert_arrow``, the processor's checkpoint store and the
+reads behind ``failslow query``.
 
 By default the database is embedded chDB in a local directory (no server to run); with a
 URL the same code talks to a ClickHouse server. chDB runs one engine per process and one
@@ -9,8 +8,8 @@ process per directory: close the client (``ClickHouseSink.close()`` or ``client.
 before opening another directory; a second process cannot open a directory in use (the
 processor then waits and retries, as for a server that is down).
 
-Tables (``python -m failslow.stream.clickhouse`` prints the DDL; infra/clickhouse/schema.sql
-is the committed copy):
+Tables (:func:`schema_sql` gives the DDL, :func:`write_schema` writes it;
+infra/clickhouse/schema.sql is the committed copy):
 
 - the event kinds (``meta``, ``coll``, ``progress``, ``link``, ``gpu``, ``span``), the derived
   ``rounds`` and ``iterations``, ``anomalies`` (one row per report), ``advice`` (one row per
@@ -30,21 +29,22 @@ derived from the input offsets it covers, so a batch written again (after a retr
 restarted processor that re-cuts its input at the logged cuts) is dropped by ClickHouse
 instead of duplicated. Rows that arrive twice by any other path collapse under ``FINAL``.
 
-Run ``python -m failslow.stream.clickhouse --write-schema infra/clickhouse/schema.sql`` to
-regenerate the committed DDL.
+On a cluster (``cluster=``), each table is a ``Replicated...MergeTree`` named ``<table>_local``
+created ``ON CLUSTER`` with ``replicated_deduplication_window``, and ``<table>`` is a
+``Distributed`` table over it, sharded by the first sorting column (job, or consumer group)
+so that rows that collapse meet on one shard; readers and writers use the same names.
+Writes through a Distributed table keep their deduplication token when inserted
+synchronously (``distributed_foreground_insert = 1``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import re
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,11 +52,8 @@ import pyarrow as pa
 
 from failslow import events, results
 from failslow.diagnosis import Anomaly, Diagnosis
-from failslow.mitigation.planner import ADVICE_SCHEMA
+from failslow.results import SPECS, TABLES, TableSpec
 from failslow.stream.sink import (
-    ANOMALY_SCHEMA,
-    DIAGNOSIS_SCHEMA,
-    WHATIF_SCHEMA,
     Sink,
     SinkBackpressureError,
     SinkBatch,
@@ -71,57 +68,14 @@ DEFAULT_DATABASE = "failslow"
 #: Blocks per table whose tokens ClickHouse remembers; a restarted processor re-writes at
 #: most the cuts since its partition's last snapshot, far fewer.
 DEDUP_WINDOW = 10_000
-#: Days raw events and derived rows are kept after ingestion.
-EVENT_TTL_DAYS = 14
-DERIVED_TTL_DAYS = 90
-CUTS_TTL_DAYS = 7
 
 T = TypeVar("T")
 
-CUT_SCHEMA = pa.schema([
-    pa.field("consumer_group", pa.string(), nullable=False),
-    pa.field("partition_id", pa.uint32(), nullable=False),
-    pa.field("seq", pa.uint64(), nullable=False),
-    pa.field("ranges", pa.string(), nullable=False),  # JSON {topic: [first, last]}
-    pa.field("created_ns", pa.int64(), nullable=False),
-])
+#: The tables of the event contract's record kinds other than ``meta`` (raw collector rows).
+RAW_EVENT_TABLES = frozenset(t.name for t in results.EVENT_TABLES if t.name != "meta")
+#: Tables the processor's sink writes to.
+DATA_TABLES = tuple(t.name for t in results.EVENT_TABLES + results.OUTPUT_TABLES)
 
-SNAPSHOT_SCHEMA = pa.schema([
-    pa.field("consumer_group", pa.string(), nullable=False),
-    pa.field("partition_id", pa.uint32(), nullable=False),
-    pa.field("seq", pa.uint64(), nullable=False),  # the last cut it includes
-    pa.field("offsets", pa.string(), nullable=False),  # JSON {topic: next offset}
-    pa.field("state", pa.string(), nullable=False),  # base64 of zstd JSON
-    pa.field("created_ns", pa.int64(), nullable=False),
-])
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """How one Arrow schema is stored."""
-
-    name: str
-    schema: pa.Schema
-    engine: str
-    order_by: tuple[str, ...]
-    comment: str
-    #: string columns stored as LowCardinality (enumerations and small name sets)
-    low_cardinality: frozenset[str] = frozenset()
-    #: the event-time column (ns) whose UTC day partitions the table; None: one partition
-    partition_time: str | None = None
-    #: days after ingestion a row expires; None: kept
-    ttl_days: int | None = None
-    #: column -> codec, for columns that differ from the defaults of :func:`codec_for`
-    codecs: dict[str, str] = field(default_factory=dict)
-    #: more table settings
-    settings: dict[str, int] = field(default_factory=dict)
-
-
-def _enum_columns(kind: str) -> frozenset[str]:
-    return frozenset(events.ENUMS.get(kind, {}))
-
-
-_NAMES = frozenset({"job", "node", "device", "peer_node"})
 _TIMES = frozenset({"t", "t_start", "t_end", "t_first_enter", "t_last_enter", "start_ns",
                     "detected_ns", "end_ns", "reported_ns", "computed_ns", "updated_ns",
                     "created_ns", "version"})
@@ -130,8 +84,6 @@ _SIZES = frozenset({"bytes", "send_count", "recv_count", "duration_max_ns", "dur
                     "duration_ns", "members", "comm_size", "comm_rank", "rank", "gpu"})
 _TEXT = frozenset({"nodes", "comms", "extra", "result", "iterations", "ranges", "offsets",
                    "state"})
-_CUMULATIVE = {"posted": "Delta, ZSTD(1)", "completed": "Delta, ZSTD(1)",
-               "bytes": "Delta, ZSTD(1)"}
 
 
 def codec_for(spec: TableSpec, f: pa.Field) -> str | None:
@@ -151,64 +103,6 @@ def codec_for(spec: TableSpec, f: pa.Field) -> str | None:
         return "ZSTD(1)"
     return None
 
-
-#: Every table, in creation order.
-TABLES: tuple[TableSpec, ...] = (
-    TableSpec("meta", events.SCHEMAS["meta"], "ReplacingMergeTree(t)", ("job",),
-              "job descriptions; the row with the largest t wins",
-              _enum_columns("meta") | {"job"}),
-    TableSpec("coll", events.SCHEMAS["coll"], "ReplacingMergeTree",
-              ("job", "comm", "seq", "rank", "phase"),
-              "collective and point-to-point operations, enter and end rows",
-              _enum_columns("coll") | {"job"}, "t", EVENT_TTL_DAYS),
-    TableSpec("progress", events.SCHEMAS["progress"], "ReplacingMergeTree",
-              ("job", "comm", "seq", "rank", "t"), "in-flight progress samples",
-              frozenset({"job"}), "t", EVENT_TTL_DAYS),
-    TableSpec("link", events.SCHEMAS["link"], "ReplacingMergeTree",
-              ("job", "node", "device", "peer_node", "rank", "t"),
-              "RDMA work-request counters", _NAMES, "t", EVENT_TTL_DAYS, dict(_CUMULATIVE),
-              {"allow_nullable_key": 1}),
-    TableSpec("gpu", events.SCHEMAS["gpu"], "ReplacingMergeTree", ("job", "node", "gpu", "t"),
-              "device samples", frozenset({"job", "node"}), "t", EVENT_TTL_DAYS),
-    TableSpec("span", events.SCHEMAS["span"], "ReplacingMergeTree",
-              ("job", "rank", "step", "microbatch", "chunk", "op", "t_start"),
-              "framework spans", _enum_columns("span") | {"job"}, "t_start", EVENT_TTL_DAYS),
-    TableSpec("rounds", results.SCHEMAS["rounds"], "ReplacingMergeTree",
-              ("job", "comm", "seq", "t_first_enter", "last_rank"),
-              "completed rounds (derived by the detectors)", frozenset({"job", "op"}),
-              "t_first_enter", DERIVED_TTL_DAYS),
-    TableSpec("iterations", results.SCHEMAS["iterations"], "ReplacingMergeTree",
-              ("job", "rank", "iteration"),
-              "training iterations per rank, rank -1 = the job (derived)", frozenset({"job"}),
-              "t_start", DERIVED_TTL_DAYS),
-    TableSpec("anomalies", ANOMALY_SCHEMA, "ReplacingMergeTree(version)", ("job", "id"),
-              "one row per anomaly report; the largest version of (job, id) wins",
-              frozenset({"job", "kind", "cause", "comm_kind", "stage"})),
-    TableSpec("advice", ADVICE_SCHEMA, "ReplacingMergeTree(t_ns)", ("job", "advice_id"),
-              "mitigation advice (Greyhound ski-rental planner): one row per decision, "
-              "advice_id = anomaly/strategy/action",
-              frozenset({"job", "cause", "strategy", "action", "description"}),
-              codecs={"t_ns": "Delta, ZSTD(1)", "plan": "ZSTD(3)", "reason": "ZSTD(1)"}),
-    TableSpec("whatif", WHATIF_SCHEMA, "ReplacingMergeTree(computed_ns)", ("job", "step"),
-              "what-if results (diagnosis.md whatif) of the recent steps of a job",
-              frozenset({"job"})),
-    TableSpec("diagnoses", DIAGNOSIS_SCHEMA, "ReplacingMergeTree(version)", ("job",),
-              "per job: the iterations summary of its diagnosis; the latest version wins",
-              frozenset({"job"})),
-    TableSpec("processor_cuts", CUT_SCHEMA, "ReplacingMergeTree",
-              ("consumer_group", "partition_id", "seq"),
-              "stream processor: input offset ranges of each sink write, logged before it",
-              frozenset({"consumer_group"}), None, CUTS_TTL_DAYS),
-    TableSpec("processor_snapshots", SNAPSHOT_SCHEMA, "ReplacingMergeTree(created_ns)",
-              ("consumer_group", "partition_id"),
-              "stream processor: detector state of the jobs of a partition and its offsets",
-              frozenset({"consumer_group"})),
-)
-SPECS: dict[str, TableSpec] = {s.name: s for s in TABLES}
-#: The tables of the event contract's record kinds other than ``meta`` (raw collector rows).
-RAW_EVENT_TABLES = frozenset(k for k in events.SCHEMAS if k != "meta")
-#: Tables the processor's sink writes to.
-DATA_TABLES = tuple(s.name for s in TABLES if not s.name.startswith("processor_"))
 
 _SCALARS: dict[pa.DataType, str] = {
     pa.int8(): "Int8", pa.int16(): "Int16", pa.int32(): "Int32", pa.int64(): "Int64",
@@ -234,7 +128,18 @@ def clickhouse_type(field: pa.Field, low_cardinality: bool = False) -> str:
     return name
 
 
-def create_table(spec: TableSpec, database: str) -> str:
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not name.replace("_", "").isalnum():
+        raise ValueError(f"{kind} name {name!r}: letters, digits and _ only")
+
+
+def create_table(spec: TableSpec, database: str, cluster: str | None = None) -> str:
+    """The CREATE TABLE statement of ``spec``: on one server, or (``cluster``) the
+    replicated local table ``<name>_local`` on every node of the cluster."""
     width = max(len("ingested_at"), *(len(f.name) for f in spec.schema)) + 2
     cols = []
     for f in spec.schema:
@@ -245,34 +150,68 @@ def create_table(spec: TableSpec, database: str) -> str:
     if "t" in spec.schema.names:  # readable time for dashboards; not stored
         cols.append(f"    {'`time`':<{width}} DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)")
     cols.append(f"    {'`ingested_at`':<{width}} DateTime DEFAULT now() CODEC(Delta, ZSTD(1))")
-    text = (f"CREATE TABLE IF NOT EXISTS `{database}`.`{spec.name}`\n(\n"
-            + ",\n".join(cols) + f"\n)\nENGINE = {spec.engine}\n")
+    args = [spec.version] if spec.version else []
+    if cluster:
+        name, engine = f"{spec.name}_local", f"Replicated{spec.engine}"
+        args = ["'/clickhouse/tables/{shard}/{database}/{table}'", "'{replica}'", *args]
+        where, window = f" ON CLUSTER `{cluster}`", "replicated_deduplication_window"
+    else:
+        name, engine = spec.name, spec.engine
+        where, window = "", "non_replicated_deduplication_window"
+    text = (f"CREATE TABLE IF NOT EXISTS `{database}`.`{name}`{where}\n(\n"
+            + ",\n".join(cols) + f"\n)\nENGINE = {engine}"
+            + (f"({', '.join(args)})" if args else "") + "\n")
     if spec.partition_time:
         text += f"PARTITION BY toDate(fromUnixTimestamp64Nano({spec.partition_time}), 'UTC')\n"
     text += f"ORDER BY ({', '.join(spec.order_by)})\n"
     if spec.ttl_days:
         text += f"TTL ingested_at + INTERVAL {spec.ttl_days} DAY\n"
-    settings = {"non_replicated_deduplication_window": DEDUP_WINDOW, **spec.settings}
+    settings = {window: DEDUP_WINDOW, **spec.settings}
     text += "SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items()) + "\n"
-    comment = spec.comment.replace("\\", "\\\\").replace("'", "\\'")
-    return text + f"COMMENT '{comment}'"
+    return text + f"COMMENT {_quote(spec.comment)}"
 
 
-def ddl(database: str = DEFAULT_DATABASE) -> list[str]:
-    """The statements that create the database and every table (idempotent)."""
-    if not database.replace("_", "").isalnum():
-        raise ValueError(f"database name {database!r}: letters, digits and _ only")
-    return [f"CREATE DATABASE IF NOT EXISTS `{database}`"] + [create_table(s, database)
-                                                              for s in TABLES]
+def create_distributed_table(spec: TableSpec, database: str, cluster: str) -> str:
+    """The Distributed table ``<name>`` over the local tables of :func:`create_table`."""
+    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{spec.name}` ON CLUSTER `{cluster}`\n"
+            f"AS `{database}`.`{spec.name}_local`\n"
+            f"ENGINE = Distributed({_quote(cluster)}, {_quote(database)}, "
+            f"{_quote(spec.name + '_local')}, cityHash64({spec.shard_key}))\n"
+            f"COMMENT {_quote(spec.comment)}")
 
 
-def schema_sql(database: str = DEFAULT_DATABASE) -> str:
+def ddl(database: str = DEFAULT_DATABASE, cluster: str | None = None) -> list[str]:
+    """The statements that create the database and every table of the output contract
+    (idempotent): for one server, or replicated and distributed on ``cluster``."""
+    _check_name("database", database)
+    if not cluster:
+        return [f"CREATE DATABASE IF NOT EXISTS `{database}`"] + [create_table(s, database)
+                                                                  for s in TABLES]
+    _check_name("cluster", cluster)
+    out = [f"CREATE DATABASE IF NOT EXISTS `{database}` ON CLUSTER `{cluster}`"]
+    for spec in TABLES:
+        out += [create_table(spec, database, cluster),
+                create_distributed_table(spec, database, cluster)]
+    return out
+
+
+def schema_sql(database: str = DEFAULT_DATABASE, cluster: str | None = None) -> str:
     """:func:`ddl` as one SQL file."""
-    head = ("-- failslow ClickHouse schema (event contract v"
-            f"{events.VERSION}). Generated by\n"
-            "--   python -m failslow.stream.clickhouse --write-schema "
-            "infra/clickhouse/schema.sql\n-- Do not edit by hand.\n\n")
-    return head + ";\n\n".join(ddl(database)) + ";\n"
+    where = f", cluster {cluster}" if cluster else ""
+    head = (f"-- failslow ClickHouse schema (event contract v{events.VERSION}{where}).\n"
+            "-- Generated from failslow.results by failslow.stream.clickhouse.write_schema;\n"
+            "-- do not edit by hand.\n\n")
+    return head + ";\n\n".join(ddl(database, cluster)) + ";\n"
+
+
+def write_schema(path: str | Path, cluster: str | None = None, *,
+                 database: str = DEFAULT_DATABASE) -> None:
+    """Write :func:`schema_sql` to ``path`` (the committed copy:
+    ``write_schema("infra/clickhouse/schema.sql")``); ``cluster``: the schema for a
+    ClickHouse cluster of that name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(schema_sql(database, cluster))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,12 +419,12 @@ class ClickHouseSink(Sink):
         """What the store holds for ``job`` in diagnosis.md's shape: the latest report of
         every anomaly, the latest iterations summary and the latest what-if result."""
         anomalies = [a for _, a in self.anomalies(job)]
-        summary = self.read("diagnoses", job).to_pylist()
-        iterations = json.loads(summary[-1]["iterations"]) if summary else None
+        summary = results.from_table("diagnoses", self.read("diagnoses", job))
+        iterations = summary[-1]["iterations"] if summary else None
         if iterations is None:
             iterations = self._iterations_from_rows(job)
-        whatif_rows = self.read("whatif", job).to_pylist()
-        whatif = json.loads(whatif_rows[-1]["result"]) if whatif_rows else None
+        whatif_rows = results.from_table("whatif", self.read("whatif", job))
+        whatif = whatif_rows[-1]["result"] if whatif_rows else None
         return Diagnosis(job=job, iterations=iterations or None, anomalies=anomalies,
                          whatif=whatif)
 
@@ -555,36 +494,15 @@ class ClickHouseStateStore(StateStore):
 
     def log_cuts(self, group: str, cuts: Iterable[Cut]) -> None:
         rows = [{"consumer_group": group, "partition_id": c.partition, "seq": c.seq,
-                 "ranges": json.dumps({t: list(r) for t, r in sorted(c.ranges.items())}),
+                 "ranges": {t: list(r) for t, r in c.ranges.items()},
                  "created_ns": c.created_ns or time.time_ns()} for c in cuts]
         if rows:
-            self.store.insert("processor_cuts", pa.Table.from_pylist(rows, schema=CUT_SCHEMA))
+            self.store.insert("processor_cuts", results.to_table("processor_cuts", rows))
 
     def save_snapshots(self, group: str, snapshots: Iterable[PartitionSnapshot]) -> None:
         rows = [{"consumer_group": group, "partition_id": s.partition, "seq": s.seq,
-                 "offsets": json.dumps(dict(sorted(s.offsets.items()))),
-                 "state": pack_text(s.state), "created_ns": s.created_ns or time.time_ns()}
-                for s in snapshots]
+                 "offsets": dict(s.offsets), "state": pack_text(s.state),
+                 "created_ns": s.created_ns or time.time_ns()} for s in snapshots]
         if rows:
-            self.store.insert("processor_snapshots",
-                              pa.Table.from_pylist(rows, schema=SNAPSHOT_SCHEMA))
+            self.store.insert("processor_snapshots", results.to_table("processor_snapshots", rows))
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m failslow.stream.clickhouse",
-                                     description="Print or write the ClickHouse schema.")
-    parser.add_argument("--write-schema", metavar="FILE",
-                        help="write the DDL to FILE instead of standard output")
-    parser.add_argument("--database", default=DEFAULT_DATABASE)
-    args = parser.parse_args(argv)
-    sql = schema_sql(args.database)
-    if args.write_schema:
-        Path(args.write_schema).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.write_schema).write_text(sql)
-    else:
-        sys.stdout.write(sql)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Where the stream processor writes: the sink contract, the ``anomalies`` record, and an
-in-memory sink for tests.
+"""Where the stream processor writes: the sink contract, the rows of its records, and an
+in-memory sink for tests. The tables and their columns are those of the output contract
+(:mod:`failslow.results`); the rows here are mapped onto them by column name.
 
 The contract follows the shape of a streaming sink with checkpoints: the processor collects
 the records of many messages, hands them to :meth:`Sink.write` in one :class:`SinkBatch` and
@@ -20,7 +21,7 @@ what-if result of a job, diagnosis.md ``whatif``) and ``diagnoses`` (one row per
 checkpoint with the ``iterations`` summary; the latest version wins).
 
 Mitigation advice (Greyhound §5.1; :mod:`failslow.mitigation.planner`) is an event too: one
-``advice`` row per decision (:data:`~failslow.mitigation.planner.ADVICE_SCHEMA`, keyed by its
+``advice`` row per decision (``Advice.to_row()``, keyed by its
 deterministic ``advice_id`` = ``anomaly/strategy/action``), and one JSON message per decision
 on ``failslow.advice`` (:func:`encode_advice`), published with the anomaly reports.
 """
@@ -35,78 +36,32 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow import results
 from failslow.diagnosis import Anomaly
 from failslow.mitigation.planner import ADVICE_VERSION, Advice
 
 #: Topic of the mitigation advice (one JSON ``mitigation_advice`` object per message).
 ADVICE_TOPIC = "failslow.advice"
 
-#: One row per anomaly report; ``version`` orders reports of the same (job, id).
-ANOMALY_SCHEMA = pa.schema([
-    pa.field("job", pa.string(), nullable=False),
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("version", pa.uint64(), nullable=False),
-    pa.field("kind", pa.string(), nullable=False),
-    pa.field("cause", pa.string(), nullable=False),
-    pa.field("ranks", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
-    # empty when the anomaly names no link (``link: null`` in the diagnosis)
-    pa.field("link", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),
-    pa.field("comm", pa.uint64(), nullable=True),
-    pa.field("comm_kind", pa.string(), nullable=True),
-    pa.field("stage", pa.string(), nullable=True),
-    pa.field("start_ns", pa.int64(), nullable=True),
-    pa.field("detected_ns", pa.int64(), nullable=True),
-    pa.field("end_ns", pa.int64(), nullable=True),
-    pa.field("slowdown", pa.float64(), nullable=True),
-    pa.field("R", pa.float64(), nullable=True),
-    pa.field("P", pa.float64(), nullable=True),
-    pa.field("extra", pa.string(), nullable=False),  # JSON object of the unknown fields
-    pa.field("reported_ns", pa.int64(), nullable=False),  # wall time of the report
-])
-
-
-#: One row per what-if result (the diagnosis ``whatif`` object of the job's recent steps).
-WHATIF_SCHEMA = pa.schema([
-    pa.field("job", pa.string(), nullable=False),
-    pa.field("step", pa.int64(), nullable=False),  # the last completed step it covers
-    pa.field("computed_ns", pa.int64(), nullable=False),  # the job's event time then
-    pa.field("slowdown", pa.float64(), nullable=True),
-    pa.field("result", pa.string(), nullable=False),  # JSON of the whatif object
-    pa.field("reported_ns", pa.int64(), nullable=False),
-])
-
-#: One row per job and checkpoint: the diagnosis' ``iterations`` summary (JSON) so far.
-DIAGNOSIS_SCHEMA = pa.schema([
-    pa.field("job", pa.string(), nullable=False),
-    pa.field("version", pa.uint64(), nullable=False),
-    pa.field("iterations", pa.string(), nullable=False),
-    pa.field("anomalies", pa.uint32(), nullable=False),  # how many anomalies so far
-    pa.field("updated_ns", pa.int64(), nullable=False),
-])
-
 
 def whatif_table(rows: Iterable[tuple[str, int, int, dict[str, Any], int]]) -> pa.Table:
-    """``(job, step, computed_ns, result, reported_ns)`` tuples as a :data:`WHATIF_SCHEMA`
-    table."""
+    """``(job, step, computed_ns, result, reported_ns)`` tuples as a ``whatif`` table."""
     out: list[dict[str, Any]] = []
     for job, step, computed_ns, result, reported_ns in rows:
         slowdown = result.get("slowdown") if isinstance(result, dict) else None
-        out.append({"job": job, "step": int(step), "computed_ns": int(computed_ns),
-                    "slowdown": _float(slowdown) if isinstance(slowdown, int | float) else None,
-                    "result": json.dumps(result, default=_json_default, sort_keys=True),
-                    "reported_ns": int(reported_ns)})
-    return pa.Table.from_pylist(out, schema=WHATIF_SCHEMA)
+        out.append({"job": job, "step": step, "computed_ns": computed_ns,
+                    "slowdown": slowdown if isinstance(slowdown, int | float) else None,
+                    "result": result, "reported_ns": reported_ns})
+    return results.to_table("whatif", out)
 
 
 def diagnoses_table(rows: Iterable[tuple[str, int, dict[str, Any] | None, int, int]]
                     ) -> pa.Table:
     """``(job, version, iterations summary, anomaly count, updated_ns)`` tuples as a
-    :data:`DIAGNOSIS_SCHEMA` table."""
-    out = [{"job": job, "version": int(version),
-            "iterations": json.dumps(summary or {}, default=_json_default, sort_keys=True),
-            "anomalies": int(count), "updated_ns": int(updated)}
-           for job, version, summary, count, updated in rows]
-    return pa.Table.from_pylist(out, schema=DIAGNOSIS_SCHEMA)
+    ``diagnoses`` table."""
+    return results.to_table("diagnoses", [
+        {"job": job, "version": version, "iterations": summary or {}, "anomalies": count,
+         "updated_ns": updated} for job, version, summary, count, updated in rows])
 
 
 @dataclass(frozen=True)
@@ -120,36 +75,17 @@ class AnomalyReport:
 
 
 def anomalies_table(reports: Iterable[AnomalyReport]) -> pa.Table:
-    """Reports as a table of :data:`ANOMALY_SCHEMA`."""
-    rows: list[dict[str, Any]] = []
-    for r in reports:
-        a = r.anomaly
-        rows.append({
-            "job": r.job, "id": a.id, "version": r.version, "kind": a.kind, "cause": a.cause,
-            "ranks": [int(x) for x in a.ranks], "link": [int(x) for x in (a.link or [])],
-            "comm": a.comm, "comm_kind": a.comm_kind, "stage": a.stage,
-            "start_ns": a.start_ns, "detected_ns": a.detected_ns, "end_ns": a.end_ns,
-            "slowdown": _float(a.slowdown), "R": _float(a.R), "P": _float(a.P),
-            "extra": json.dumps(a.extra, default=_json_default, sort_keys=True),
-            "reported_ns": r.reported_ns,
-        })
-    return pa.Table.from_pylist(rows, schema=ANOMALY_SCHEMA)
+    """Reports as an ``anomalies`` table: the anomaly's fields in the columns of the same
+    name, with the report's job, version and wall time."""
+    return results.to_table("anomalies", [
+        {**results.record_row("anomalies", r.anomaly), "job": r.job, "version": r.version,
+         "reported_ns": r.reported_ns} for r in reports])
 
 
 def anomalies_from_table(table: pa.Table) -> list[tuple[str, Anomaly]]:
     """Inverse of :func:`anomalies_table`: ``(job, anomaly)`` per row, in row order."""
-    out: list[tuple[str, Anomaly]] = []
-    for row in table.to_pylist():
-        extra = json.loads(row["extra"]) if row.get("extra") else {}
-        link = list(row["link"] or [])
-        out.append((row["job"], Anomaly(
-            id=row["id"], kind=row["kind"], cause=row["cause"], ranks=list(row["ranks"] or []),
-            link=link or None, comm=row["comm"], comm_kind=row["comm_kind"],
-            stage=row["stage"], start_ns=row["start_ns"], detected_ns=row["detected_ns"],
-            end_ns=row["end_ns"], slowdown=row["slowdown"], R=row["R"], P=row["P"],
-            extra=extra if isinstance(extra, dict) else {},
-        )))
-    return out
+    return [(row["job"], results.to_record("anomalies", Anomaly, row))
+            for row in results.from_table("anomalies", table)]
 
 
 def encode_advice(advice: Advice) -> tuple[bytes, dict[str, str]]:
@@ -169,20 +105,8 @@ def decode_advice(value: bytes) -> Advice:
 
 
 def advice_from_table(table: pa.Table) -> list[Advice]:
-    """Advice rows (:data:`~failslow.mitigation.planner.ADVICE_SCHEMA`) as objects."""
+    """Rows of an ``advice`` table as objects."""
     return [Advice.from_dict(row) for row in table.to_pylist()]
-
-
-def _float(x: float | None) -> float | None:
-    return None if x is None else float(x)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import pytest
 from contract_gen import generate, write
 
 from failslow import cli, diagnosis
+from failslow.diagnosis import Anomaly
+from failslow.stream.sink import AnomalyReport, anomalies_from_table, anomalies_table
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain-jsonl": {},
@@ -49,6 +51,10 @@ def test_compute_straggler_in_independent_trace_is_found(tmp_path: Path) -> None
     assert slow, "the straggler was not detected"
     assert slow[0]["ranks"] == [3]
     assert slow[0]["cause"] == "compute"
+    # stored one per row (the output contract's anomalies table), read back unchanged
+    stored = anomalies_table([AnomalyReport(doc["job"], Anomaly.from_dict(a), 1, 0)
+                              for a in doc["anomalies"]])
+    assert [a.to_dict() for _, a in anomalies_from_table(stored)] == doc["anomalies"]
 
 
 # variations the detectors were not designed on: jitter shapes, clock skew between hosts,

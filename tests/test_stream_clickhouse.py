@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,15 +35,17 @@ def sink(tmp_path: Path) -> Iterator[ch.ClickHouseSink]:
 
 def test_committed_schema_file_is_up_to_date() -> None:
     assert SCHEMA_FILE.read_text() == ch.schema_sql(), (
-        "infra/clickhouse/schema.sql is stale: run "
-        "python -m failslow.stream.clickhouse --write-schema infra/clickhouse/schema.sql")
+        "infra/clickhouse/schema.sql is stale: regenerate it with "
+        "failslow.stream.clickhouse.write_schema('infra/clickhouse/schema.sql')")
 
 
-def test_schema_module_cli_writes_the_same_text(tmp_path: Path) -> None:
-    out = tmp_path / "schema.sql"
-    subprocess.run([sys.executable, "-m", "failslow.stream.clickhouse", "--write-schema",
-                    str(out)], check=True)
+def test_write_schema_writes_the_same_text(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "schema.sql"
+    ch.write_schema(out)
     assert out.read_text() == ch.schema_sql()
+    ch.write_schema(out, cluster="prod")
+    assert out.read_text() == ch.schema_sql(cluster="prod")
+    assert "ON CLUSTER `prod`" in out.read_text()
 
 
 def test_ddl_covers_every_contract_column_with_the_right_types() -> None:
