@@ -48,6 +48,7 @@ from failslow import events
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.diagnosis import Anomaly
 from failslow.events import Comm, JobMeta
+from failslow.schedule import schedule_phase as pipeline_phase
 
 TICK_NS = 100_000_000
 S = 1_000_000_000
@@ -172,13 +173,9 @@ def _scenario(shape: Shape, iterations: int, **over: Any) -> dict[str, Any]:
 
 def schedule_phase(shape: Shape, stage: int, phase: str, mb: int) -> str | None:
     """The 1F1B phase of a forward or backward of micro-batch ``mb`` on pipeline ``stage``
-    (Megatron: ``min(P - s - 1, M)`` warm-up forwards, as many cool-down backwards)."""
-    if shape.schedule != "1f1b" or shape.pp == 1:
-        return None
-    warm = min(shape.pp - stage - 1, shape.microbatches)
-    if phase == "forward":
-        return "warmup" if mb < warm else "steady"
-    return "cooldown" if mb >= shape.microbatches - warm else "steady"
+    of the shape (:func:`failslow.schedule.schedule_phase`: Megatron's ``min(P - s - 1, M)``
+    warm-up forwards, as many cool-down backwards)."""
+    return pipeline_phase(shape.schedule, stage, shape.pp, shape.microbatches, phase, mb)
 
 
 def _hang_case(i: int, shape: Shape, spec: HangSpec, lag: str | None = None) -> Case:

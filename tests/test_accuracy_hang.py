@@ -157,7 +157,7 @@ def test_stream_delivers_each_rank_after_its_lag() -> None:
     delay = np.array([now - t for now, r, t in det.seen if r == 3])
     other = np.array([now - t for now, r, t in det.seen if r != 3])
     assert delay.min() >= 2 * S - 100_000_000 and other.max() <= 200_000_000
-    assert det._rk_lag[3] >= 1.9 * S
+    assert det.ranks.lag[3] >= 1.9 * S
 
 
 # ---------------------------------------------------------------------------------------------

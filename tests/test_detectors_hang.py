@@ -459,9 +459,9 @@ def test_cascade_reports_only_the_root() -> None:
     a = run.opened[0]
     assert a.ranks == [root]
     # every other rank ends up waiting, directly or through others, on the root
-    blocked = set(run.detector._fl["rank"].tolist())
+    blocked = set(run.detector.flight.fl["rank"].tolist())
     assert len(blocked) == job.world - 1
-    assert (run.detector._fl["hang"] >= 0).all()
+    assert (run.detector.flight.fl["hang"] >= 0).all()
     assert root not in a.extra["victims"]
 
 
@@ -745,9 +745,9 @@ def test_comm_kinds_inferred_without_meta_comms() -> None:
     assert len(run.opened) == 1
     a = run.opened[0]
     assert (a.ranks, a.comm_kind, a.stage) == ([job.rank(1, 1, 0)], "dp", "dp_sync")
-    kinds = {run.detector.comm_kind(run.detector._comm_ids[c]) for c in job.tp_comm.values()}
+    kinds = {run.detector.comm_kind(run.detector.comms.ids[c]) for c in job.tp_comm.values()}
     assert kinds == {"tp"}
-    kinds = {run.detector.comm_kind(run.detector._comm_ids[c]) for c in job.pp_comm.values()}
+    kinds = {run.detector.comm_kind(run.detector.comms.ids[c]) for c in job.pp_comm.values()}
     assert kinds == {"pp"}
 
 
@@ -762,7 +762,7 @@ def test_end_before_enter_in_a_later_batch_is_matched() -> None:
     det = HangDetector(job.meta())
     det.update({"coll": coll.take(pa.array(ends))})
     det.update({"coll": coll.take(pa.array(enters))})
-    assert len(det._fl["t"]) == 0
+    assert len(det.flight.fl["t"]) == 0
     assert det.on_tick(int(cols["t"].max()) + 600 * S) == []
 
 
@@ -783,9 +783,9 @@ def test_memory_bounded_to_in_flight_ops() -> None:
     job = Job(iterations=30)
     run = drive(job, job.run(), tail=S)
     det = run.detector
-    assert len(det._fl["t"]) == 0
-    assert det._dur.shape[1] == HangConfig().history
-    assert len(det._dur) <= len(job.comms()) * 2
+    assert len(det.flight.fl["t"]) == 0
+    assert det.durations.dur.shape[1] == HangConfig().history
+    assert len(det.durations.dur) <= len(job.comms()) * 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -947,7 +947,7 @@ def test_bench_hang_figures() -> None:
     fixed 5-minute threshold (CCL-D's setting, the baseline) after 300 s."""
     import argparse
 
-    from failslow.detectors.hang import BENCHMARKS
+    from failslow.bench.hang import BENCHMARKS
 
     figures = BENCHMARKS["hang"](argparse.Namespace(scale=1 / 32, json=True))
     for key in ("not_entered", "inconsistent", "hardware"):
@@ -974,7 +974,7 @@ def _reference_match(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> np
 
 @pytest.mark.parametrize("seq_top", [50, 2**40, 2**62])
 def test_match_is_the_first_equal_key_packed_or_not(seq_top: int) -> None:
-    from failslow.detectors.hang import _match
+    from failslow.detectors.hang.tables import _match
 
     rng = np.random.default_rng(seq_top % 1000)
     n = 3000
@@ -993,7 +993,7 @@ def test_match_is_the_first_equal_key_packed_or_not(seq_top: int) -> None:
 
 
 def test_rank_time_and_group_orders_equal_lexsort() -> None:
-    from failslow.detectors.hang import _group_order, _rank_time_order
+    from failslow.detectors.hang.tables import _group_order, _rank_time_order
 
     rng = np.random.default_rng(3)
     for top in (100, 70_000):
@@ -1026,13 +1026,13 @@ def test_snapshot_ring_is_compressed_and_old_snapshots_restore() -> None:
     assert "ring_z" in state["ranks"] and "ring" not in state["ranks"]
     old = json.loads(json.dumps(state))
     old["ranks"].pop("ring_z")
-    from failslow.detectors.hang import _pack
+    from failslow.detectors.hang.state import _pack
 
-    old["ranks"]["ring"] = _pack(det._ring)
+    old["ranks"]["ring"] = _pack(det.ranks.ring)
     for s in (state, old):
         det2 = HangDetector(job.meta())
         det2.restore(s)
-        assert (det2._ring == det._ring).all()
+        assert (det2.ranks.ring == det.ranks.ring).all()
         for r in range(job.meta().world_size):
             a, b = det.recent_ops(r), det2.recent_ops(r)
             assert all((a[c] == b[c]).all() for c in a)
@@ -1053,13 +1053,13 @@ def test_signature_book_counted_per_batch_equals_counting_into_the_dict() -> Non
             nbytes = rng.choice([4, 1 << 20, 3 << 20, 1 << 40], n).astype(np.int64)
             if k == 70:                      # a size that does not pack: counted at once
                 nbytes[0] = 1 << 50
-            lazy._count_signatures(ci, op, nbytes)
-            eager._count_now(ci, op, nbytes)
+            lazy.signatures.count(ci, op, nbytes)
+            eager.signatures.count_now(ci, op, nbytes)
             if k % 37 == 0:
-                assert list(lazy._signatures.items()) == list(eager._signatures.items())
-        assert list(lazy._signatures.items()) == list(eager._signatures.items())
+                assert list(lazy.signatures.book.items()) == list(eager.signatures.book.items())
+        assert list(lazy.signatures.book.items()) == list(eager.signatures.book.items())
         if max_sig == 6:
-            assert len(eager._signatures) <= 4 * max_sig
+            assert len(eager.signatures.book) <= 4 * max_sig
 
 
 def test_ends_in_the_batch_of_their_enters_with_duplicates_and_orphans() -> None:
@@ -1078,11 +1078,11 @@ def test_ends_in_the_batch_of_their_enters_with_duplicates_and_orphans() -> None
     det = HangDetector(two_rank_meta())
     det.update({"coll": events.from_rows("coll", first)})
     det.update({"coll": events.from_rows("coll", second)})
-    assert len(det._fl["t"]) == 0
-    assert det._orphans["seq"].tolist() == [1]
+    assert len(det.flight.fl["t"]) == 0
+    assert det.flight.orphans["seq"].tolist() == [1]
     det.update({"coll": events.from_rows("coll", third)})
-    assert len(det._fl["t"]) == 0 and len(det._orphans["t"]) == 0
-    assert int(det._tail.max()) == 4 * MS - 10   # rank 1 seq 1: enter t+10, end t+4ms
-    row = det._stat_row[det._comm_ids[TPC]].max()
-    durations = sorted(d for d in det._dur[row].tolist() if d >= 0)
+    assert len(det.flight.fl["t"]) == 0 and len(det.flight.orphans["t"]) == 0
+    assert int(det.durations.tail.max()) == 4 * MS - 10   # rank 1 seq 1: enter t+10, end t+4ms
+    row = det.durations.stat_row[det.comms.ids[TPC]].max()
+    durations = sorted(d for d in det.durations.dur[row].tolist() if d >= 0)
     assert durations == [6 * MS - 4 * MS, 3 * MS - 1, 3 * MS, 4 * MS - 10]

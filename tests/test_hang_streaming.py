@@ -203,7 +203,7 @@ def test_rank_whose_records_arrive_late_is_not_blamed() -> None:
     floor): their peers' rounds wait for records that are on their way; no hang."""
     st = stream(_job([], iterations=12), lag={3: 3.0, 12: 1.5}, tail=5 * S)
     assert st.hangs == []
-    lag = _detector(st)._rk_lag
+    lag = _detector(st).ranks.lag
     assert lag[3] >= 2.9 * S and lag[12] >= 1.4 * S and lag[0] < 0.25 * S
 
 
