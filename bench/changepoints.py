@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from failslow.detectors.changepoints import SERIES_METHODS, segment
+from failslow.settings import get_settings
 
 #: The margin (in points) within which a predicted change point matches a true one.
 MARGIN = 5
@@ -394,7 +394,8 @@ def _table(res: dict[str, Any]) -> str:
 def run(data: str | None) -> dict[str, Any]:
     """The benchmark over ``data`` (a TCPD directory) or, without it, the synthetic suite
     (``$FAILSLOW_TCPD`` names a default directory)."""
-    data = data or os.environ.get("FAILSLOW_TCPD") or None
+    tcpd = get_settings().bench.tcpd
+    data = data or (str(tcpd) if tcpd else None)
     if data:
         datasets = load_tcpd(data)
         if not datasets:

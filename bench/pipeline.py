@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from failslow.settings import environment, get_settings
+
 WINDOW_NS = 100_000_000
 
 
@@ -58,9 +60,9 @@ def _broker() -> Iterator[str]:
     """``$FAILSLOW_KAFKA``, else the broker of ``failslow infra up``, else a temporary one."""
     from failslow.infra import kafka_broker as infra
 
-    env = os.environ.get(infra.ENV_BOOTSTRAP)
-    if env and infra.probe(env, timeout=10):
-        yield env
+    configured = get_settings().kafka.bootstrap
+    if configured and infra.probe(configured, timeout=10):
+        yield configured
         return
     status = infra.kafka_status(check=True)
     if status.running and status.ready:
@@ -162,7 +164,7 @@ def _raw_consume(bootstrap: str, prefix: str, messages: int, core: int,
 
 def _processor(bootstrap: str, prefix: str, data_dir: Path, core: int, *args: str
                ) -> subprocess.Popen[str]:
-    env = dict(os.environ)
+    env = environment()
     env.pop("FAILSLOW_DATA_DIR", None)
     return subprocess.Popen(
         [sys.executable, "-m", "failslow.cli.stream", "process", "--kafka", bootstrap,

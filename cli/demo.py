@@ -49,9 +49,21 @@ def add_parser(subparsers: Any) -> None:
                         f"(default: {default_data_dir()})")
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--scenario", default="demo", help="simulator preset (default: demo)")
-    p.add_argument("--clickhouse-url", default=None, metavar="URL",
+    p.add_argument("--clickhouse", default=None, metavar="URL",
                    help="store in this ClickHouse server instead of embedded chDB")
+    p.add_argument("--clickhouse-url", dest="clickhouse", action=_Deprecated, metavar="URL",
+                   help=argparse.SUPPRESS)
     p.set_defaults(func=run)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of an option: still works, and says which one to use."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"{parser.prog}: {option_string} is deprecated; use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(tp{meta.tp} pp{meta.pp} dp{meta.dp}), {n_events:,} events "
                   f"in {time.perf_counter() - started:.1f} s")
 
-    client = connect(data_dir, args.clickhouse_url)
+    client = connect(data_dir, args.clickhouse)
     try:
         sink = ClickHouseSink(client, DEMO_DATABASE, create=False)
         sink.drop()  # a fresh database per run: re-running the demo starts clean

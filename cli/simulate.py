@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from failslow.simulator.output import write_sim
@@ -47,20 +46,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<{width}}  {preset(name).description}")
         return 0
     if not args.out:
-        print("failslow simulate: --out DIR is required", file=sys.stderr)
-        return 2
-    try:
-        sc = load_scenario(args.scenario) if args.scenario else preset(args.preset or "default")
-        if args.iterations is not None:
-            if args.iterations < 1:
-                raise ScenarioError("--iterations must be >= 1")
-            sc.iterations = args.iterations
-        seed = args.seed if args.seed is not None else (sc.seed or 0)
-        result = simulate(sc, seed)
-        out = write_sim(result, args.out, args.format)
-    except ScenarioError as e:
-        print(f"failslow simulate: {e}", file=sys.stderr)
-        return 2
+        raise ValueError("--out DIR is required")
+    sc = load_scenario(args.scenario) if args.scenario else preset(args.preset or "default")
+    if args.iterations is not None:
+        if args.iterations < 1:
+            raise ScenarioError("--iterations must be >= 1")
+        sc.iterations = args.iterations
+    seed = args.seed if args.seed is not None else (sc.seed or 0)
+    result = simulate(sc, seed)
+    out = write_sim(result, args.out, args.format)
     rows = result.stats["rows_by_kind"]
     summary = {"out": str(out), "scenario": sc.name, "seed": seed,
                "ranks": result.meta.world_size, "iterations": result.stats["iterations"],

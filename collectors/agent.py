@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ import pyarrow as pa
 from failslow import events
 from failslow.collectors.ring import RingError, RingReader, comm_table, find_rings
 from failslow.events import Comm, JobMeta
+from failslow.settings import get_settings
 
 __all__ = ["Sink", "TraceDirSink", "TransportSink", "NodeCollector", "Agent", "CollectorStatus",
            "COLLECTORS", "run_agent"]
@@ -179,7 +179,7 @@ class Agent:
                  sample_period_s: float = 1.0,
                  rank_nodes: Mapping[int, str] | None = None) -> None:
         self.sink = sink
-        self.ring_dir = Path(ring_dir or os.environ.get("FAILSLOW_RING_DIR", "/dev/shm"))
+        self.ring_dir = Path(ring_dir or get_settings().collector.ring_dir)
         self.job_filter = job
         self.node = node or socket.gethostname()
         #: node names of ranks this agent drains but that run on another (emulated) node, e.g.

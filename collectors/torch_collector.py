@@ -50,6 +50,7 @@ import numpy as np
 
 from failslow import events
 from failslow.collectors import ring as R
+from failslow.settings import get_settings
 
 __all__ = ["TorchCollector", "comm_id", "WRAPPED"]
 
@@ -211,8 +212,9 @@ class TorchCollector:
         self.dist = dist
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.job = job or os.environ.get("FAILSLOW_JOB", "default")
-        d = Path(ring_dir or os.environ.get("FAILSLOW_RING_DIR", "/dev/shm"))
+        settings = get_settings().collector
+        self.job = job or settings.job
+        d = Path(ring_dir or settings.ring_dir)
         self.path = d / f"failslow-{self.job}-{os.getpid()}-torch.ring"
         self.ring = R.RingWriter(self.path, capacity, job=self.job, rank=self.rank,
                                  caps=R.CAP_END_ROWS)

@@ -1,4 +1,5 @@
-"""``failslow analyze TRACE_DIR``: the offline analyzer, a stream replayed.
+"""The offline analyzer, a stream replayed (``failslow analyze TRACE_DIR``,
+:mod:`failslow.cli.analyze`).
 
 The trace directory is read with :class:`~failslow.tracedir.TraceDir`, replayed in time order
 (:func:`failslow.replay.replay`) and fed batch by batch to the same
@@ -8,7 +9,6 @@ The trace directory is read with :class:`~failslow.tracedir.TraceDir`, replayed 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -330,73 +330,3 @@ def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],
         hang = (config.hang if config else None) or HangConfig()
         analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
     return analyzer
-
-
-def _ns(value: int | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / 1e9:.3f}"
-
-
-def _print_table(diag: Diagnosis) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
-    it = diag.iterations or {}
-    summary = Table(title=f"job {diag.job}: iterations", show_header=True)
-    for col in ("period (ops)", "median (s)", "count"):
-        summary.add_column(col, justify="right")
-    median = it.get("median_s")
-    summary.add_row(str(it.get("period_ops", "-")),
-                    "-" if median is None else f"{median:.4f}", str(it.get("count", 0)))
-    console.print(summary)
-    if not diag.anomalies:
-        console.print("no anomaly found")
-        return
-    t0 = min((a.start_ns for a in diag.anomalies if a.start_ns is not None), default=0)
-    table = Table(title="anomalies (times in s after the first onset)", show_header=True)
-    for col in ("id", "kind", "cause", "ranks", "link", "comm kind", "stage", "start",
-                "detected", "end", "slowdown", "R", "P"):
-        table.add_column(col)
-    for a in diag.anomalies:
-        def rel(v: int | None) -> str:
-            return "-" if v is None else f"{(v - t0) / 1e9:.3f}"
-
-        table.add_row(
-            a.id, a.kind, a.cause, ",".join(map(str, a.ranks)) or "-",
-            "-" if a.link is None else "-".join(map(str, a.link)), a.comm_kind or "-",
-            a.stage or "-", rel(a.start_ns), rel(a.detected_ns), rel(a.end_ns),
-            "-" if a.slowdown is None else f"{a.slowdown:.3f}",
-            "-" if a.R is None else f"{a.R:.2f}", "-" if a.P is None else f"{a.P:.2f}")
-    console.print(table)
-
-
-def _cmd_analyze(args: argparse.Namespace) -> int:
-    diag = analyze(Path(args.trace_dir), window_ns=int(args.window_ms * 1e6),
-                   post_mortem=args.post_mortem)
-    if args.json:
-        sys.stdout.write(diag.to_json() + "\n")
-    else:
-        _print_table(diag)
-    return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``failslow analyze TRACE_DIR [--json]``."""
-    p = subparsers.add_parser(
-        "analyze", help="diagnose a trace directory (slow-downs, hangs, root causes)",
-        description="Replay a trace directory through the stream detectors and print the "
-                    "diagnosis: iteration summary and anomalies with root cause.")
-    p.add_argument("trace_dir", metavar="TRACE_DIR", help="trace directory (meta.json, coll.*)")
-    p.add_argument("--json", action="store_true",
-                   help="print the diagnosis JSON (diagnosis.md) and nothing else")
-    p.add_argument("--window-ms", type=float, default=DEFAULT_WINDOW_NS / 1e6,
-                   help="replay batch width in trace milliseconds (default: %(default)s)")
-    p.add_argument("--post-mortem", action=argparse.BooleanOptionalAction, default=None,
-                   help="the trace is a snapshot taken after the job stopped (operations in "
-                        "flight at its end never completed); default: what the trace's "
-                        "import.json says (Flight Recorder dumps: yes)")
-    p.set_defaults(func=_cmd_analyze)

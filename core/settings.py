@@ -251,15 +251,28 @@ def environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def _inputs() -> tuple[object, ...]:
+    """What the settings are read from: the config file and the variables of :data:`ENV`
+    (with the ``_FILE`` twins of the secrets), so that a changed variable is seen."""
+    env = os.environ
+    names = (CONFIG_ENV, *ENV, *(var + "_FILE" for var in SECRETS))
+    return (_config_file, *(env.get(name) for name in names))
+
+
 @lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The settings of this process (read once; :func:`reload_settings` after a change)."""
+def _load(inputs: tuple[object, ...]) -> Settings:
     return Settings()
+
+
+def get_settings() -> Settings:
+    """The settings of this process: read once, and again when a variable of :data:`ENV` or
+    the config file changes (:func:`reload_settings` also re-reads the files)."""
+    return _load(_inputs())
 
 
 def reload_settings() -> Settings:
     """Read the environment and config file again (tests; ``failslow --config FILE``)."""
-    get_settings.cache_clear()
+    _load.cache_clear()
     return get_settings()
 
 

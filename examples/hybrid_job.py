@@ -66,11 +66,13 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     if netns:  # enter this rank's "node" (network namespace) before any thread exists
         ns, ifname = netns["ranks"][rank]
         _setns(ns)
+        # gloo's interface has no argument: torch reads it from this process's environment
+        # (written, not read: failslow.settings is the only reader)
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR=netns["master"] if netns else "127.0.0.1",
-                      MASTER_PORT=str(cfg["port"]))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    master = netns["master"] if netns else "127.0.0.1"
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{cfg['port']}", rank=rank,
+                            world_size=WORLD)
     col = TorchCollector.install(job=cfg["job"], ring_dir=cfg["ring_dir"])
     tp_i, pp_i, dp_i = coords(rank)
     groups: dict[str, Any] = {}

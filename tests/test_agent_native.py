@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from failslow.bench.collector import NativeBuildError, build_native_cached, driver_env
 from failslow.collectors.agent import Agent, TraceDirSink
+from failslow.collectors.native_build import NativeBuildError, build_native_cached, driver_env
 from failslow.tracedir import TraceDir
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,

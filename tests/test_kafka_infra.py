@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from failslow import events
+from failslow.cli import infra as infra_cli
 from failslow.infra import kafka_broker as infra
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.transport import topic_for
@@ -60,7 +61,7 @@ def test_status_and_down_of_an_empty_state_dir(tmp_path: Path) -> None:
     assert not status.running and status.port is None
     assert "not running" in status.describe()
     assert infra.kafka_down(tmp_path) is False
-    assert infra.main(["status", "--state-dir", str(tmp_path)]) == 3
+    assert infra_cli.main(["status", "--state-dir", str(tmp_path)]) == 3
 
 
 def test_a_stale_pid_of_another_process_is_neither_running_nor_killed(tmp_path: Path) -> None:

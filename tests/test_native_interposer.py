@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 from failslow import events
-from failslow.bench.collector import (
+from failslow.bench.collector import count_syscalls
+from failslow.collectors import ring
+from failslow.collectors.native_build import (
     NativeBuildError,
     build_native_cached,
-    count_syscalls,
     driver_env,
     sanitizer_runtime,
 )
-from failslow.collectors import ring
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
                                 reason="gcc (C compiler) not installed: native collectors "

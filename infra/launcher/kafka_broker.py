@@ -10,9 +10,10 @@ Docker, and is what the Kafka tests use:
     failslow infra status               running or not, on which port, until when
     failslow infra down                 SIGTERM, then SIGKILL after a timeout
 
-``infra/kafka/kafka.sh`` runs the same commands. The broker listens on 127.0.0.1 only. It stops
-by itself after ``--max-lifetime`` seconds (coreutils ``timeout`` is its parent), so a broker
-that nobody stops (a killed test run) does not outlive the session.
+The commands are :mod:`failslow.cli.infra` (``infra/kafka/kafka.sh`` runs them). The broker
+listens on 127.0.0.1 only. It stops by itself after ``--max-lifetime`` seconds (coreutils
+``timeout`` is its parent), so a broker that nobody stops (a killed test run) does not outlive
+the session.
 
 Files: the jars in ``$FAILSLOW_KAFKA_LIBS`` or ``${XDG_CACHE_HOME:-~/.cache}/failslow/
 kafka-3.9.1-libs`` (Maven's own cache is ~/.m2); the broker's configuration, data, log and
@@ -21,7 +22,6 @@ pid file in ``${FAILSLOW_STATE_DIR:-~/.cache/failslow}/kafka``.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import json
@@ -31,14 +31,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from failslow.settings import environment, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class BrokerStatus:
 
 
 def state_root() -> Path:
-    """``$FAILSLOW_STATE_DIR`` or ``~/.cache/failslow``."""
-    env = os.environ.get(ENV_STATE_DIR)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "failslow"
+    """``$FAILSLOW_STATE_DIR`` (``infra.state_dir``) or ``~/.cache/failslow``."""
+    configured = get_settings().infra.state_dir
+    return configured.expanduser() if configured else Path.home() / ".cache" / "failslow"
 
 
 def kafka_state_dir(state_dir: str | Path | None = None) -> Path:
@@ -122,10 +123,10 @@ def kafka_state_dir(state_dir: str | Path | None = None) -> Path:
 
 def lib_dir() -> Path:
     """Where the broker's jars are (``$FAILSLOW_KAFKA_LIBS`` or a folder in the user cache)."""
-    env = os.environ.get(ENV_LIBS)
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME")
+    configured = get_settings().infra.kafka_libs
+    if configured:
+        return configured.expanduser()
+    cache = environment().get("XDG_CACHE_HOME")
     base = Path(cache).expanduser() if cache else Path.home() / ".cache"
     return base / "failslow" / f"kafka-{KAFKA_VERSION}-libs"
 
@@ -142,7 +143,7 @@ def _parse_bootstrap(value: str) -> tuple[str, int] | None:
 
 def _default_port() -> int:
     """The port of ``$FAILSLOW_KAFKA`` when it names this machine, else 9092."""
-    parsed = _parse_bootstrap(os.environ.get(ENV_BOOTSTRAP, ""))
+    parsed = _parse_bootstrap(get_settings().kafka.bootstrap or "")
     if parsed and parsed[0] in (DEFAULT_HOST, "localhost"):
         return parsed[1]
     return DEFAULT_PORT
@@ -151,9 +152,9 @@ def _default_port() -> int:
 def bootstrap_servers() -> str:
     """The Kafka bootstrap servers to use: ``$FAILSLOW_KAFKA``, else the broker that
     ``failslow infra up`` started (its port), else ``127.0.0.1:9092``."""
-    env = os.environ.get(ENV_BOOTSTRAP)
-    if env:
-        return env
+    configured = get_settings().kafka.bootstrap
+    if configured:
+        return configured
     status = kafka_status()
     if status.running:
         return status.bootstrap
@@ -186,7 +187,8 @@ def fetch_kafka_jars(libs: Path | None = None, *, quiet: bool = True,
     and renames it into place, so an interrupted fetch never leaves a half-filled folder.
     """
     libs = libs or lib_dir()
-    if (libs / _COMPLETE).exists() or (os.environ.get(ENV_LIBS) and any(libs.glob("kafka_*.jar"))):
+    configured = get_settings().infra.kafka_libs is not None
+    if (libs / _COMPLETE).exists() or (configured and any(libs.glob("kafka_*.jar"))):
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -470,7 +472,7 @@ def kafka_up(port: int | None = None, *, controller_port: int | None = None,
                              "--max-lifetime 0 (the broker then runs until 'down')")
         cmd = [timeout_cmd, "--signal=TERM", "--kill-after=30", f"{int(max_lifetime)}s", *cmd]
         stops_at = time.time() + int(max_lifetime)
-    env = {k: v for k, v in os.environ.items() if k not in ("CLASSPATH", "JAVA_TOOL_OPTIONS")}
+    env = {k: v for k, v in environment().items() if k not in ("CLASSPATH", "JAVA_TOOL_OPTIONS")}
     with f["log"].open("ab") as logf:
         logf.write(f"=== failslow infra up {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                    f"{' '.join(cmd)}\n".encode())
@@ -504,7 +506,7 @@ def kafka_up(port: int | None = None, *, controller_port: int | None = None,
 
 
 def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
+    home = environment().get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
         return str(Path(home) / "bin" / "java")
     found = shutil.which("java")
@@ -569,103 +571,9 @@ def kafka_down(state_dir: str | Path | None = None, *, timeout: float = 30.0) ->
     return status.running
 
 
-# ---------------------------------------------------------------------------------------------
-# command line
+if __name__ == "__main__":  # the old spelling of ``failslow infra ACTION``
+    import sys
 
+    from failslow.cli.infra import main
 
-def _cmd_up(args: argparse.Namespace) -> int:
-    try:
-        started = time.monotonic()
-        status = kafka_up(args.port, controller_port=args.controller_port,
-                          state_dir=args.state_dir, max_lifetime=args.max_lifetime,
-                          timeout=args.timeout, heap=args.heap)
-    except InfraError as e:
-        print(f"failslow infra up: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(status.to_dict()))
-    else:
-        print(f"{status.describe()}\n  ready after {time.monotonic() - started:.1f} s; "
-              f"use FAILSLOW_KAFKA={status.bootstrap}")
-    return 0
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    was = kafka_down(args.state_dir, timeout=args.timeout)
-    print("kafka: stopped" if was else "kafka: was not running")
-    return 0
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    status = kafka_status(args.state_dir, check=True)
-    print(json.dumps(status.to_dict()) if args.json else status.describe())
-    return 0 if status.running else 3
-
-
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    try:
-        print(fetch_kafka_jars(quiet=not args.verbose_maven))
-    except InfraError as e:
-        print(f"failslow infra fetch: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    """``failslow infra up|down|status|fetch``."""
-    infra = subparsers.add_parser(
-        "infra", help="start, stop or inspect a local Kafka broker (no Docker needed)",
-        description="A one-node Apache Kafka broker (KRaft) on 127.0.0.1 for the stream "
-                    "processor, run from Maven Central's jars (Java and Maven needed). "
-                    "docker compose up starts the same broker in a container.")
-    sub = infra.add_subparsers(dest="infra_command", metavar="ACTION", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", default=None,
-                       help="the broker's folder (default: $FAILSLOW_STATE_DIR/kafka, "
-                            "~/.cache/failslow/kafka)")
-
-    up = sub.add_parser("up", help="start the broker in the background and wait until ready")
-    common(up)
-    up.add_argument("--port", type=int, default=None,
-                    help="client port on 127.0.0.1 (default: the port of $FAILSLOW_KAFKA, else "
-                         f"{DEFAULT_PORT}; 0 = any free port)")
-    up.add_argument("--controller-port", type=int, default=None,
-                    help="KRaft controller port (default: any free port)")
-    up.add_argument("--max-lifetime", type=float, default=DEFAULT_MAX_LIFETIME,
-                    help="seconds after which the broker stops by itself (0 = never; "
-                         "default %(default).0f)")
-    up.add_argument("--timeout", type=float, default=120.0,
-                    help="seconds to wait for the broker to answer (default %(default).0f)")
-    up.add_argument("--heap", default=DEFAULT_HEAP, help="Java heap limit (default %(default)s)")
-    up.add_argument("--json", action="store_true", help="print the status as JSON")
-    up.set_defaults(func=_cmd_up)
-
-    down = sub.add_parser("down", help="stop the broker (SIGTERM, SIGKILL after --timeout)")
-    common(down)
-    down.add_argument("--timeout", type=float, default=30.0,
-                      help="seconds to wait after SIGTERM before SIGKILL (default %(default).0f)")
-    down.set_defaults(func=_cmd_down)
-
-    status = sub.add_parser("status", help="whether the broker runs, on which port "
-                                           "(exit 0 if it runs, 3 if not)")
-    common(status)
-    status.add_argument("--json", action="store_true", help="print the status as JSON")
-    status.set_defaults(func=_cmd_status)
-
-    fetch = sub.add_parser("fetch", help="only fetch the broker's jars with Maven")
-    fetch.add_argument("--verbose-maven", action="store_true", help="show Maven's output")
-    fetch.set_defaults(func=_cmd_fetch)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m failslow.infra.kafka_broker ACTION`` (what infra/kafka/kafka.sh runs)."""
-    parser = argparse.ArgumentParser(prog="failslow")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["infra", *(argv if argv is not None else sys.argv[1:])])
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
     sys.exit(main())
