@@ -27,6 +27,12 @@ def _cmd_straggler_analysis(args: argparse.Namespace) -> int:
                                                   epoch_ns=args.epoch_ns), args)
 
 
+def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
+    from failslow.collectors.importers import nccl_inspector
+
+    return _write(nccl_inspector.import_dir(args.inspector_dir, job=args.job), args)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="TRACE_DIR",
                         help="trace directory to write (created if absent)")
@@ -37,7 +43,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``failslow import flight-recorder`` and ``failslow import straggler-analysis``."""
+    """Register ``failslow import flight-recorder|straggler-analysis|nccl-inspector``."""
     top = subparsers.add_parser(
         "import", help="convert other tools' traces into a failslow trace directory",
         description="Convert traces written by other tools into a failslow trace directory "
@@ -67,3 +73,14 @@ def add_parser(subparsers: Any) -> None:
                          f"(default {DEFAULT_EPOCH_NS})")
     _common(sa)
     sa.set_defaults(func=_cmd_straggler_analysis)
+
+    ni = sub.add_parser(
+        "nccl-inspector", help="NCCL Inspector profiler-plugin output (JSON lines per process)",
+        description="Import the output folder of NCCL's Inspector profiler plugin (format "
+                    "v4.x, per-record or dump_stats markers; .log/.jsonl, gzipped or not). "
+                    "Verbose records (event_trace_ts) become coll rows; records without "
+                    "timestamps are summarised per rank in import.json, never given made-up "
+                    "times. Ranks with dropped records are named as lossy.")
+    ni.add_argument("inspector_dir", metavar="DIR", help="the Inspector dump folder")
+    _common(ni)
+    ni.set_defaults(func=_cmd_nccl_inspector)

@@ -24,7 +24,6 @@ import pyarrow.parquet as pq
 
 from failslow import events
 from failslow.detectors.base import EventBatch
-from failslow.detectors.hang import HangConfig
 from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.detectors.slowdown import infer_comms
 from failslow.diagnosis import Diagnosis
@@ -84,8 +83,7 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         analyzer.on_tick(now)
         whatif_input.add(batch)
     if post_mortem and now is not None:
-        hang = (config.hang if config else None) or HangConfig()
-        analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
+        analyzer.end_post_mortem(now)
     diag = analyzer.diagnosis()
     whatif_input.into(diag)
     return diag
@@ -327,6 +325,5 @@ def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],
         analyzer.update(batch)
         analyzer.on_tick(now)
     if post_mortem and now is not None:
-        hang = (config.hang if config else None) or HangConfig()
-        analyzer.on_tick(now + hang.ceiling_ns + 1_000_000_000)
+        analyzer.end_post_mortem(now)
     return analyzer

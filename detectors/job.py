@@ -114,6 +114,19 @@ class JobAnalyzer:
         self._record(found)
         return Output(found, advice=self._advise(None, found))
 
+    def end_post_mortem(self, last_event_ns: int) -> Output:
+        """The trace is a snapshot taken after the job stopped (Flight Recorder dumps): no
+        operation in flight at its end will complete. One last tick past the hang ceiling
+        reports what is stuck; those reports say they were detected at ``last_event_ns``,
+        the last thing observed, not at the synthetic tick time."""
+        hang = self.config.hang or HangConfig()
+        out = self.on_tick(last_event_ns + hang.ceiling_ns + 1_000_000_000)
+        for a in out.anomalies:
+            if a.detected_ns is not None and a.detected_ns > last_event_ns:
+                a.detected_ns = last_event_ns
+                a.extra["detected_post_mortem"] = True
+        return out
+
     def _guard(self, part: str, call: Callable[[], T], fallback: T) -> T:
         """``call()`` unless ``part`` failed before; a part that raises is logged with its
         traceback, counted in :attr:`failed` and skipped from then on, so one failing

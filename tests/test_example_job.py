@@ -31,7 +31,7 @@ def _job(out: Path, *args: str) -> dict[str, Any]:
 
 
 def _analyze(out: Path) -> list[dict[str, Any]]:
-    r = subprocess.run([sys.executable, "-m", "failslow.cli", "analyze", str(out), "--json"],
+    r = subprocess.run([sys.executable, "-m", "failslow", "analyze", str(out), "--json"],
                        capture_output=True, text=True, timeout=180, check=False)
     assert r.returncode in (0, 1), r.stderr[-3000:]
     return list(json.loads(r.stdout)["anomalies"])

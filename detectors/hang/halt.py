@@ -53,14 +53,21 @@ class Placement:
         ops = self.graph.round_ops[rnd]
         first = min(ops, key=lambda i: int(fl["t"][i]))
         ci, op = rnd[1], int(fl["op"][first])
+        in_flight = sorted(int(fl["rank"][i]) for i in ops)
+        missing = self.graph.missing(rnd)
         hp: dict[str, Any] = {
             "comm": det.comms.u64[ci], "op": events.COLL_OPS[op],
             "bytes": int(fl["bytes"][first]), "t_enter": int(fl["t"][first]),
-            "entered": sorted(int(fl["rank"][i]) for i in ops),
-            "missing": self.graph.missing(rnd),
+            "entered": in_flight, "missing": missing,
         }
         if rnd[0] == "c":
             hp["seq"] = rnd[2]
+            # members that entered and completed the round (their seq counter is past it):
+            # entered = still in flight + completed; with ``missing`` they are the group
+            members = det.comms.members(ci)
+            done = sorted(set(members[members >= 0].tolist()) - set(in_flight) - set(missing))
+            hp.update({"entered": sorted(in_flight + done), "in_flight": in_flight,
+                       "completed": done})
         else:
             hp.update({"sender": rnd[2], "receiver": rnd[3], "pair_index": rnd[4]})
         return hp

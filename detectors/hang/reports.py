@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from failslow import events
 from failslow.detectors.hang.classify import Classifier
 from failslow.detectors.hang.config import NO_TIME
 from failslow.detectors.hang.graph import WaitGraph
@@ -156,7 +157,37 @@ class Reporter:
         return Anomaly(id="", kind="hang", cause=cause, ranks=ranks, link=link,
                        comm=det.comms.u64[ci], comm_kind=det.comm_kind(ci),
                        stage=det.comms.stage(ci, op), start_ns=start, detected_ns=self.graph.now,
-                       extra={"halt_point": self.placement.halt_point(rnd), **where, **extra})
+                       extra={"halt_point": self.placement.halt_point(rnd), **where, **extra,
+                              "blocked_rounds": self._blocked_rounds(ranks)})
+
+    def _blocked_rounds(self, roots: list[int]) -> list[dict[str, Any]]:
+        """The rounds in flight that wait for a root rank to enter them, earliest first: the
+        wave front the other ranks are stopped at (what PyTorch's Flight Recorder analysis
+        reports as a collective with missing ranks), where the halt point is the root's own
+        stuck operation (MEGATRACE §III-C). The first such round of each communicator."""
+        det, graph = self.det, self.graph
+        fl = det.flight.fl
+        found = []
+        for rnd, ops in graph.round_ops.items():
+            if graph.barrier[ops].all():
+                continue
+            missing = [r for r in graph.missing(rnd) if r in roots]
+            if not missing:
+                continue
+            first = ops[int(np.argmin(fl["t"][ops]))]
+            row: dict[str, Any] = {
+                "comm": det.comms.u64[rnd[1]], "comm_kind": det.comm_kind(rnd[1]),
+                "op": events.COLL_OPS[int(fl["op"][first])], "t_enter": int(fl["t"][first]),
+                "missing": sorted(missing),
+                "entered": sorted({int(fl["rank"][i]) for i in ops})}
+            if rnd[0] == "c":
+                row["seq"] = rnd[2]
+            found.append(row)
+        found.sort(key=lambda r: r["t_enter"])
+        first: dict[int, dict[str, Any]] = {}
+        for row in found:  # one per communicator: where its members stopped
+            first.setdefault(row["comm"], row)
+        return list(first.values())[:det.config.max_listed_victims]
 
     def _report_not_entered(self, roots: list[int], rounds: set[tuple[Any, ...]]) -> Anomaly:
         """H1: the members that never entered the round are the root (CCL-D §4.2.2)."""

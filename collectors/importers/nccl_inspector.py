@@ -1,0 +1,653 @@
+"""Import the output of NVIDIA's NCCL Inspector profiler plugin into the failslow event contract.
+
+The Inspector (NCCL repository, ``plugins/profiler/inspector``) is an NCCL profiler plugin that
+writes, per process, a JSON Lines file ``<hostname>-pid<pid>.log`` (the plugin's exporter also
+reads ``.jsonl`` and gzip-compressed files) with one object per completed operation of every
+communicator the process belongs to. Two layouts exist:
+
+- per-record (format versions up to v4.2): every line carries ``header`` (``id``: the
+  communicator hash as hex text, ``comm_name`` from v4.2, ``rank``: the process's rank *in that
+  communicator*, ``n_ranks``: the communicator size, ``nnodes``), ``metadata``
+  (``inspector_output_format_version``, ``dump_timestamp_us``, ``hostname``, ``pid``) and one
+  payload, ``coll_perf`` or ``p2p_perf``;
+- v4.3 (NVIDIA/nccl pull requests #2359 and #2304, newer than the released source): a
+  ``dump_stats`` marker line carries ``header`` / ``metadata`` once per communicator and dump,
+  followed by that communicator's payload lines (``coll_perf``, ``p2p_perf``, and proxy
+  records, which are ignored). Its drop counters (any integer key containing ``dropped``) say
+  how many completed records the plugin's ring buffer overwrote before they were written
+  (data loss, not an error).
+
+``coll_perf``: ``coll`` (``AllReduce``, ``AllGather``, ``ReduceScatter``, ``Broadcast``,
+``Reduce``, ``All2All``, ``AllGatherV``), ``coll_sn`` (NCCL's per-communicator, per-function
+sequence number: the same on every member for one round), ``coll_msg_size_bytes`` (count x
+datatype size), ``coll_exec_time_us``, ``coll_timing_source``, ``coll_algobw_gbs``,
+``coll_busbw_gbs``. ``p2p_perf`` likewise with ``p2p`` (``Send`` / ``Recv``), ``p2p_sn`` (the
+plugin's per-communicator point-to-point counter, from 1) and ``p2p_peer`` (communicator rank).
+With ``NCCL_INSPECTOR_DUMP_VERBOSE=1`` a payload also has ``event_trace_ts``: host
+``gettimeofday`` microseconds of the operation's start (``coll_start_ts`` / ``p2p_start_ts``)
+and per channel ``kernel_start_ts`` / ``kernel_stop_ts`` / ``kernel_record_ts``.
+
+Mapping (events.md):
+
+- Processes are told apart by ``(hostname, pid)``. Global rank: a process's rank in a
+  communicator whose size is the largest seen and spans every process (the world
+  communicator); without one, ranks are given in ``(hostname, pid)`` order (a warning says so).
+  ``world_size`` = that largest ``n_ranks`` (or the process count); ranks of the world
+  communicator without a file are ``unobserved_ranks``. ``nodes`` = hostnames.
+- ``comm`` = the header id read as a uint64 (it is NCCL's 64-bit communicator hash; other text
+  is hashed). Point-to-point operations go on a companion communicator (a hash of the id and
+  ``p2p``) with the same members, because their counter differs from the collectives'.
+  ``comm_rank`` / ``comm_size`` = ``header.rank`` / ``header.n_ranks``.
+- ``seq`` for collectives: the rounds (function, ``coll_sn``) of a communicator seen on any
+  member, in call order, numbered from 0. Call order comes from the start times, each member's
+  clock aligned to one reference member by the median offset over the rounds they share, so a
+  round one member lost keeps its number on the others. Operations below the plugin's size
+  threshold are never recorded and are not counted. ``seq`` for point-to-point operations:
+  ``p2p_sn - 1``.
+- ``op``: lower-case names; ``All2All`` -> ``alltoall``, ``AllGatherV`` -> ``allgather``
+  (counted). ``bytes`` = the message size. ``peer`` = ``p2p_peer`` for send/recv; the root of
+  broadcast/reduce is not recorded (-1).
+- Times (verbose records only): ``enter`` ``t`` = the start timestamp, ``end`` ``t`` = the
+  last channel's stop (or record) timestamp, ``t_start`` = the first channel's start, all
+  microseconds x 1000. Extra columns: ``inspector_sn``, ``exec_us``, ``busbw_gbs``,
+  ``timing_source``.
+- A record without timestamps (not verbose, or no kernel events) cannot be placed in time and
+  gets no ``coll`` rows: it is counted, and ``import.json`` says what is missing, which
+  detectors cannot run, and keeps per-rank execution-time and bandwidth statistics.
+- meta: degrees from the communicator names (tp/pp/dp/cp) when they multiply to the world
+  size, else tp = pp = cp = 1, dp = world; schedule ``unknown``; micro-batches 0; ``comms``:
+  every communicator whose members all have files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from failslow import events
+from failslow.collectors.importers import ImportResult, sanitize_job, stable_id
+from failslow.events import Comm, ContractError, JobMeta
+
+log = logging.getLogger(__name__)
+
+SOURCE = "nccl-inspector"
+#: Output file names the plugin (and its exporter) use.
+SUFFIXES = (".log", ".jsonl", ".json", ".log.gz", ".jsonl.gz", ".json.gz")
+#: Inspector function name -> contract op.
+OP_BY_FUNC: dict[str, str] = {
+    "AllReduce": "allreduce", "AllGather": "allgather", "AllGatherV": "allgather",
+    "ReduceScatter": "reducescatter", "Broadcast": "broadcast", "Reduce": "reduce",
+    "All2All": "alltoall", "AlltoAll": "alltoall", "Send": "send", "Recv": "recv",
+}
+APPROXIMATED = frozenset({"AllGatherV"})
+#: Communicator name words -> kind (``comm_name``, format v4.2 and later).
+_KIND_WORDS = (("tp", ("tp", "tensor")), ("pp", ("pp", "pipeline")), ("cp", ("cp", "context")),
+               ("ep", ("ep", "expert")), ("dp", ("dp", "data")))
+_HEX_ID = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
+_MAX_US = (2**63 - 1) // 1000
+
+UNTIMED_MISSING = (
+    "no timestamps (event_trace_ts needs NCCL_INSPECTOR_DUMP_VERBOSE=1, and kernel events): "
+    "these operations cannot be placed in time, so they have no coll rows")
+UNTIMED_DETECTORS = (
+    "hang and slow-down detection need enter/end times; iteration and change-point tracking "
+    "need operation times; only per-rank exec-time and bandwidth statistics (rank_stats) are "
+    "available for them")
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a ``header`` / ``metadata`` pair says about the records it covers."""
+
+    comm_id: str
+    comm_name: str
+    comm_rank: int
+    comm_size: int
+    nnodes: int | None
+    host: str
+    pid: int
+    version: str
+    dump_us: int | None
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def find_files(root: str | Path) -> list[Path]:
+    """Inspector output files under ``root`` (recursively), or ``root`` itself if a file."""
+    path = Path(root)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ContractError("no such directory", source=str(path))
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)
+                   and p.name != "import.json")
+    if not files:
+        raise ContractError(f"no NCCL Inspector output files ({', '.join(SUFFIXES)})",
+                            source=str(path))
+    return files
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        yield from enumerate(fh, start=1)
+
+
+def _int(d: Mapping[str, Any], key: str, prefix: str, source: str, line: int,
+         minimum: int = 0, required: bool = True) -> int | None:
+    v = d.get(key)
+    if v is None and not required:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum or v >= 2**64:
+        raise ContractError(f"missing or invalid '{prefix}{key}' (an integer >= {minimum})",
+                            source=source, line=line)
+    return v
+
+
+def _num(d: Mapping[str, Any], key: str, prefix: str, source: str, line: int,
+         required: bool = True) -> float:
+    v = d.get(key)
+    if v is None and not required:
+        return float("nan")
+    if not isinstance(v, int | float) or isinstance(v, bool) or not v >= 0:
+        raise ContractError(f"missing or invalid '{prefix}{key}' (a number >= 0)",
+                            source=source, line=line)
+    return float(v)
+
+
+def _str(d: Mapping[str, Any], key: str, prefix: str, source: str, line: int) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not v:
+        raise ContractError(f"missing or invalid '{prefix}{key}' (a string)", source=source,
+                            line=line)
+    return v
+
+
+def _obj(value: Any, key: str, source: str, line: int) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ContractError(f"'{key}' must be a JSON object", source=source, line=line)
+    return value
+
+
+def _drop_counters(*parts: Any) -> dict[str, int]:
+    """``*_dropped_*`` (or ``*dropped*``) integer counters found in the given objects."""
+    out: dict[str, int] = {}
+    for part in parts:
+        if isinstance(part, Mapping):
+            for k, v in part.items():
+                if "dropped" in k and isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    out[k] = v
+    return out
+
+
+class _Reader:
+    """Parses files into flat per-operation columns; keeps process and drop bookkeeping."""
+
+    COLS = ("proc", "comm", "comm_rank", "comm_size", "p2p", "func", "sn", "peer", "bytes",
+            "exec_us", "busbw", "timing", "t_enter", "t_start", "t_end", "reason")
+
+    def __init__(self, result: ImportResult) -> None:
+        self.result = result
+        self.cols: dict[str, list[Any]] = {k: [] for k in self.COLS}
+        self.procs: dict[tuple[str, int], int] = {}
+        self.comm_ids: dict[str, int] = {}
+        self.comm_names: dict[int, str] = {}
+        self.members: dict[int, dict[int, int]] = {}  # comm -> comm rank -> proc
+        self.sizes: dict[int, int] = {}
+        self.nnodes: dict[int, int] = {}
+        self.versions: set[str] = set()
+        self.layouts: set[str] = set()
+        self.marker_drops: dict[tuple[int, int, str], int] = {}  # summed over markers
+        self.header_drops: dict[tuple[int, int, str], int] = {}  # max of cumulative values
+        self.files: dict[str, int] = {}
+        self.latest_dump_us = 0
+
+    def context(self, header: Any, metadata: Any, source: str, line: int) -> _Context:
+        h = _obj(header, "header", source, line)
+        m = _obj(metadata, "metadata", source, line)
+        size = _int(h, "n_ranks", "header.", source, line, minimum=1)
+        rank = _int(h, "rank", "header.", source, line)
+        assert size is not None and rank is not None
+        if rank >= size:
+            raise ContractError(f"header.rank {rank} is not below header.n_ranks {size}",
+                                source=source, line=line)
+        name = h.get("comm_name")
+        pid = _int(m, "pid", "metadata.", source, line)
+        assert pid is not None
+        return _Context(
+            comm_id=_str(h, "id", "header.", source, line),
+            comm_name=name if isinstance(name, str) and name != "unknown" else "",
+            comm_rank=rank, comm_size=size,
+            nnodes=_int(h, "nnodes", "header.", source, line, minimum=1, required=False),
+            host=_str(m, "hostname", "metadata.", source, line), pid=pid,
+            version=str(m.get("inspector_output_format_version", "unknown")),
+            dump_us=_int(m, "dump_timestamp_us", "metadata.", source, line, required=False))
+
+    def register(self, ctx: _Context, source: str, line: int) -> tuple[int, int]:
+        proc = self.procs.setdefault((ctx.host, ctx.pid), len(self.procs))
+        comm = self.comm_ids.setdefault(ctx.comm_id, len(self.comm_ids))
+        if ctx.comm_name:
+            self.comm_names[comm] = ctx.comm_name
+        size = self.sizes.setdefault(comm, ctx.comm_size)
+        if size != ctx.comm_size:
+            raise ContractError(f"communicator {ctx.comm_id} has n_ranks {ctx.comm_size} here "
+                                f"and {size} elsewhere", source=source, line=line)
+        owner = self.members.setdefault(comm, {}).setdefault(ctx.comm_rank, proc)
+        if owner != proc:
+            other = next(k for k, v in self.procs.items() if v == owner)
+            raise ContractError(f"rank {ctx.comm_rank} of communicator {ctx.comm_id} is claimed "
+                                f"by {ctx.host}/pid {ctx.pid} and by {other[0]}/pid {other[1]}",
+                                source=source, line=line)
+        if ctx.nnodes is not None:
+            self.nnodes[comm] = ctx.nnodes
+        self.versions.add(ctx.version)
+        self.latest_dump_us = max(self.latest_dump_us, ctx.dump_us or 0)
+        return proc, comm
+
+    def read(self, path: Path) -> None:
+        source = str(path)
+        marker: _Context | None = None
+        pending: tuple[int, str] | None = None  # an unparsable line: fatal unless it is last
+        n = 0
+        try:
+            for line, text in _lines(path):
+                if not text.strip():
+                    continue
+                if pending is not None:
+                    raise ContractError(f"malformed JSON ({pending[1]})", source=source,
+                                        line=pending[0])
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    pending = (line, e.msg)
+                    continue
+                if not isinstance(obj, dict):
+                    raise ContractError("expected a JSON object", source=source, line=line)
+                marker, added = self.record(obj, marker, source, line)
+                n += added
+        except EOFError:
+            self.result.warn("compressed file cut short: its end was skipped")
+        except (OSError, UnicodeError) as e:
+            raise ContractError(f"cannot read ({e})", source=source) from None
+        if pending is not None:
+            self.result.warn("partly written last line skipped (the process was still writing "
+                             "or was killed)")
+        self.files[source] = n
+
+    def record(self, obj: dict[str, Any], marker: _Context | None, source: str,
+               line: int) -> tuple[_Context | None, int]:
+        if "dump_stats" in obj:
+            stats = obj["dump_stats"]
+            inner = stats if isinstance(stats, Mapping) else {}
+            ctx = self.context(obj.get("header", inner.get("header")),
+                               obj.get("metadata", inner.get("metadata")), source, line)
+            proc, comm = self.register(ctx, source, line)
+            for key, v in _drop_counters(stats, obj.get("header"), obj.get("metadata")).items():
+                k = (proc, comm, key)
+                self.marker_drops[k] = self.marker_drops.get(k, 0) + v
+            self.layouts.add("dump_stats markers (v4.3)")
+            return ctx, 0
+        payload_key = "coll_perf" if "coll_perf" in obj else "p2p_perf" if "p2p_perf" in obj \
+            else None
+        if payload_key is None:
+            keys = ", ".join(sorted(obj)[:4])
+            self.result.warn(f"records without coll_perf/p2p_perf ignored (keys: {keys})")
+            return marker, 0
+        if "header" in obj or "metadata" in obj:
+            ctx = self.context(obj.get("header"), obj.get("metadata"), source, line)
+            self.layouts.add("per-record header (v4.0-v4.2)")
+            proc, comm = self.register(ctx, source, line)
+            for key, v in _drop_counters(obj.get("header"), obj.get("metadata")).items():
+                k = (proc, comm, key)
+                self.header_drops[k] = max(self.header_drops.get(k, 0), v)
+        elif marker is not None:
+            ctx = marker
+            proc, comm = self.procs[(ctx.host, ctx.pid)], self.comm_ids[ctx.comm_id]
+        else:
+            raise ContractError(f"'{payload_key}' record with no header: neither on the line "
+                                "nor in a preceding dump_stats record", source=source, line=line)
+        self.payload(_obj(obj[payload_key], payload_key, source, line), payload_key == "p2p_perf",
+                     ctx, proc, comm, source, line)
+        return marker, 1
+
+    def payload(self, p: Mapping[str, Any], p2p: bool, ctx: _Context, proc: int, comm: int,
+                source: str, line: int) -> None:
+        pre = "p2p" if p2p else "coll"
+        c = self.cols
+        c["proc"].append(proc)
+        c["comm"].append(comm)
+        c["comm_rank"].append(ctx.comm_rank)
+        c["comm_size"].append(ctx.comm_size)
+        c["p2p"].append(p2p)
+        c["func"].append(_str(p, pre, f"{pre}_perf.", source, line))
+        c["sn"].append(_int(p, f"{pre}_sn", f"{pre}_perf.", source, line))
+        c["peer"].append(_int(p, "p2p_peer", "p2p_perf.", source, line) if p2p else -1)
+        c["bytes"].append(_int(p, f"{pre}_msg_size_bytes", f"{pre}_perf.", source, line))
+        c["exec_us"].append(_num(p, f"{pre}_exec_time_us", f"{pre}_perf.", source, line))
+        c["busbw"].append(_num(p, f"{pre}_busbw_gbs", f"{pre}_perf.", source, line, False))
+        timing = p.get(f"{pre}_timing_source")
+        c["timing"].append(timing if isinstance(timing, str) else "unknown")
+        t_enter = t_start = t_end = -1
+        reason = "not verbose (no event_trace_ts)"
+        trace = p.get("event_trace_ts")
+        if trace is not None:
+            tr = _obj(trace, f"{pre}_perf.event_trace_ts", source, line)
+            where = f"{pre}_perf.event_trace_ts."
+            start = _int(tr, f"{pre}_start_ts", where, source, line, required=False) or 0
+            kernels = tr.get("kernel_events", [])
+            if not isinstance(kernels, list) or not all(isinstance(k, Mapping) for k in kernels):
+                raise ContractError(f"'{where}kernel_events' must be a list of objects",
+                                    source=source, line=line)
+            starts, stops = [], []
+            for k in kernels:
+                kw = f"{where}kernel_events[]."
+                starts.append(_int(k, "kernel_start_ts", kw, source, line, required=False) or 0)
+                stops.append(max(_int(k, "kernel_stop_ts", kw, source, line, required=False) or 0,
+                                 _int(k, "kernel_record_ts", kw, source, line,
+                                      required=False) or 0))
+            if max([start, *stops]) > _MAX_US:
+                raise ContractError(f"timestamp beyond int64 nanoseconds in '{where}'",
+                                    source=source, line=line)
+            good_starts = [s for s in starts if s > 0]
+            if start <= 0:
+                reason = "event_trace_ts without a start timestamp"
+            elif max(stops, default=0) <= 0:
+                reason = "no kernel completion timestamp (no kernel events)"
+            else:
+                t_enter, t_end = start * 1000, max(stops) * 1000
+                t_start = min(good_starts) * 1000 if good_starts else -1
+                reason = ""
+        c["t_enter"].append(t_enter)
+        c["t_start"].append(t_start)
+        c["t_end"].append(t_end)
+        c["reason"].append(reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion
+
+
+def _comm_u64(comm_id: str) -> int:
+    return int(comm_id, 16) if _HEX_ID.match(comm_id) else stable_id(SOURCE, comm_id)
+
+
+def _kind_of(name: str) -> str | None:
+    words = set(re.split(r"[^a-z]+", name.lower()))
+    for kind, keys in _KIND_WORDS:
+        if words & set(keys):
+            return kind
+    return None
+
+
+def _global_ranks(rd: _Reader, result: ImportResult) -> tuple[dict[int, int], int, str]:
+    """proc -> global rank, world size, and how the ranks were found."""
+    n_procs = len(rd.procs)
+    biggest = max(rd.sizes.values(), default=0)
+    names = {v: k for k, v in rd.comm_ids.items()}
+    candidates = sorted((c for c, s in rd.sizes.items() if s == biggest and s >= n_procs),
+                        key=lambda c: (-len(rd.members[c]), names[c]))
+    if candidates:
+        world_comm = candidates[0]
+        rank_of = {p: r for r, p in rd.members[world_comm].items()}
+        for other in candidates[1:]:
+            if len(rd.members[other]) == biggest and any(
+                    rank_of.get(p) != r for r, p in rd.members[other].items()):
+                result.warn("communicators spanning all ranks number the processes "
+                            f"differently; ranks taken from {names[world_comm]}")
+        extra = sorted((hp for hp, p in rd.procs.items() if p not in rank_of))
+        for i, hp in enumerate(extra):
+            rank_of[rd.procs[hp]] = biggest + i
+        if extra:
+            result.warn(f"{len(extra)} processes are not members of the world communicator "
+                        f"{names[world_comm]}: given ranks from {biggest}", len(extra))
+        how = (f"global rank = the process's rank in communicator {names[world_comm]}, which "
+               f"spans all {biggest} ranks")
+        return rank_of, biggest + len(extra), how
+    ordered = sorted(rd.procs)
+    result.warn("no communicator spans every process: global ranks given in (hostname, pid) "
+                "order; comm_rank stays exact")
+    return ({rd.procs[hp]: i for i, hp in enumerate(ordered)}, n_procs,
+            "no communicator spans every process: global ranks in (hostname, pid) order")
+
+
+def _degrees(kinds: Mapping[int, str | None], sizes: Mapping[int, int], world: int,
+             ) -> tuple[tuple[int, int, int, int], str]:
+    found: dict[str, set[int]] = {}
+    for c, kind in kinds.items():
+        if kind in ("tp", "pp", "cp", "dp"):
+            found.setdefault(kind, set()).add(sizes[c])
+    if found and all(len(v) == 1 for v in found.values()):
+        tp, pp, cp = (next(iter(found.get(k, {1}))) for k in ("tp", "pp", "cp"))
+        if world % (tp * pp * cp) == 0:
+            dp = world // (tp * pp * cp)
+            if found.get("dp", {dp}) == {dp}:
+                return (tp, pp, dp, cp), "from the communicator names (comm_name)"
+    return (1, 1, world, 1), "unknown: tp = pp = cp = 1, dp = world size"
+
+
+def _collective_seq(df: pd.DataFrame, result: ImportResult) -> np.ndarray:
+    """Per communicator, 0.. over its rounds (func, sn) in call order on clock-aligned starts."""
+    if df.empty:
+        return np.zeros(0, dtype=np.uint64)
+    d = df[["comm", "proc", "func", "sn"]].copy()
+    d["t"] = (df["t_enter"] - df["t_enter"].min()).astype(np.float64)
+    d["i"] = np.arange(len(d))
+    count = d.groupby(["comm", "proc"]).size().rename("n").reset_index()
+    ref = (count.sort_values(["comm", "n", "proc"], ascending=[True, False, True])
+           .drop_duplicates("comm")[["comm", "proc"]].rename(columns={"proc": "ref"}))
+    ref_rows = (d.merge(ref, left_on=["comm", "proc"], right_on=["comm", "ref"])
+                [["comm", "func", "sn", "t"]].rename(columns={"t": "t_ref"}))
+    shared = d.merge(ref_rows, on=["comm", "func", "sn"])
+    offset = ((shared["t"] - shared["t_ref"]).groupby([shared["comm"], shared["proc"]])
+              .median().rename("offset").reset_index())
+    d = d.merge(offset, on=["comm", "proc"], how="left").sort_values("i")
+    d["adj"] = d["t"] - d["offset"].fillna(0.0)
+    rounds = d.groupby(["comm", "func", "sn"], sort=False)["adj"].median().rename("rt")
+    rounds = rounds.reset_index().sort_values(["comm", "rt", "func", "sn"])
+    rounds["seq"] = rounds.groupby("comm").cumcount()
+    d = d.merge(rounds[["comm", "func", "sn", "seq"]], on=["comm", "func", "sn"]).sort_values("i")
+    seq = d["seq"].to_numpy(dtype=np.int64)
+    own = d.sort_values(["comm", "proc", "t", "seq"])
+    same = (own["comm"].to_numpy()[1:] == own["comm"].to_numpy()[:-1]) & \
+           (own["proc"].to_numpy()[1:] == own["proc"].to_numpy()[:-1])
+    back = int((same & (np.diff(own["seq"].to_numpy()) < 0)).sum())
+    result.warn("collectives whose call order on a member disagrees with the merged round "
+                "order (start times closer than the clock alignment)", back)
+    return seq.astype(np.uint64)
+
+
+def convert(rd: _Reader, job: str, result: ImportResult) -> ImportResult:
+    """Turn parsed records into the contract tables, meta and ``import.json`` info."""
+    if not rd.cols["proc"]:
+        raise ContractError("no operation records (coll_perf / p2p_perf) in the input",
+                            source=str(result.info.get("input", "")))
+    df = pd.DataFrame(rd.cols)
+    dup = df.duplicated(subset=["proc", "comm", "p2p", "func", "sn"])
+    result.warn("duplicate records (same process, communicator, function and sequence "
+                "number) skipped", int(dup.sum()))
+    df = df[~dup].reset_index(drop=True)
+    rank_of, world, how = _global_ranks(rd, result)
+    df["rank"] = df["proc"].map(rank_of).astype(np.int32)
+    df["op"] = df["func"].map(OP_BY_FUNC)
+    for func, n in df.loc[df["op"].isna(), "func"].value_counts().items():
+        result.warn(f"unknown Inspector function {func!r}: no coll rows", int(n))
+    for func in APPROXIMATED:
+        result.warn(f"{func} imported as allgather (per-rank counts may differ)",
+                    int((df["func"] == func).sum()))
+    known = df["op"].notna()
+    timed = known & (df["reason"] == "")
+    for reason, n in df.loc[known & ~timed, "reason"].value_counts().items():
+        result.warn(f"operations without timestamps, no coll rows: {reason}", int(n))
+
+    names = {v: k for k, v in rd.comm_ids.items()}
+    u64 = np.array([_comm_u64(names[c]) for c in range(len(names))], dtype=np.uint64)
+    p2p_u64 = np.array([stable_id(SOURCE, names[c], "p2p") for c in range(len(names))],
+                       dtype=np.uint64)
+    t = df[timed].reset_index(drop=True)
+    coll_part = t[~t["p2p"]].reset_index(drop=True)
+    p2p_part = t[t["p2p"]].reset_index(drop=True)
+    coll_part["seq"] = _collective_seq(coll_part, result)
+    zero_based = bool((p2p_part["sn"] == 0).any())
+    result.warn("p2p_sn of 0 seen: p2p sequence numbers used as they are", int(zero_based))
+    p2p_part["seq"] = (p2p_part["sn"] - (0 if zero_based else 1)).astype(np.uint64)
+    t = pd.concat([coll_part, p2p_part], ignore_index=True)
+    idx = t["comm"].to_numpy(np.int64)
+    comm = np.where(t["p2p"].to_numpy(bool), p2p_u64[idx], u64[idx])
+    backwards = int((t["t_end"] < t["t_enter"]).sum())
+    result.warn("operations whose completion time precedes their start time", backwards)
+
+    def both(values: Any) -> np.ndarray:
+        arr = np.asarray(values)
+        return np.concatenate([arr, arr])
+
+    m = len(t)
+    op_codes = t["op"].map(events.OP).to_numpy(np.int8)
+    coll = events.from_columns({
+        "job": job, "rank": both(t["rank"]).astype(np.int32), "comm": both(comm),
+        "comm_rank": both(t["comm_rank"]).astype(np.int32),
+        "comm_size": both(t["comm_size"]).astype(np.int32),
+        "seq": both(t["seq"]).astype(np.uint64), "op": both(op_codes),
+        "bytes": both(t["bytes"]).astype(np.uint64), "peer": both(t["peer"]).astype(np.int32),
+        "phase": np.repeat(np.array([events.ENTER, events.END], dtype=np.int8), m),
+        "t": np.concatenate([t["t_enter"].to_numpy(np.int64), t["t_end"].to_numpy(np.int64)]),
+        "t_start": np.concatenate([np.full(m, events.NULL_TIME, dtype=np.int64),
+                                   np.where(t["t_start"] >= 0, t["t_start"],
+                                            events.NULL_TIME).astype(np.int64)]),
+    }, "coll")
+    busbw = both(t["busbw"]).astype(np.float64)
+    coll = (coll.append_column("inspector_sn", pa.array(both(t["sn"]).astype(np.uint64)))
+            .append_column("exec_us", pa.array(both(t["exec_us"]).astype(np.float64)))
+            .append_column("busbw_gbs", pa.array(busbw, mask=np.isnan(busbw)))
+            .append_column("timing_source", pa.array(both(t["timing"]).astype(str).tolist(),
+                                                     type=pa.string())))
+
+    # meta
+    nodes = {rank_of[p]: host for (host, _), p in rd.procs.items()}
+    kinds = {c: _kind_of(rd.comm_names.get(c, "")) or (
+        "world" if rd.sizes[c] == world and len(rd.members[c]) == world else None)
+        for c in rd.comm_ids.values()}
+    (tp, pp, dp, cp), degrees_how = _degrees(kinds, rd.sizes, world)
+    comms: list[Comm] = []
+    incomplete = []
+    used_p2p = set(p2p_part["comm"].tolist())
+    for c in sorted(rd.comm_ids.values(), key=lambda c: names[c]):
+        members = rd.members[c]
+        if len(members) < rd.sizes[c]:
+            incomplete.append(names[c])
+            continue
+        ranks = tuple(rank_of[members[r]] for r in range(rd.sizes[c]))
+        kind = kinds[c] or "other"
+        comms.append(Comm(int(u64[c]), kind, ranks))
+        if c in used_p2p:
+            comms.append(Comm(int(p2p_u64[c]), kind, ranks))
+    t_meta = rd.latest_dump_us * 1000
+    if not t_meta and m:
+        t_meta = int(t["t_end"].max())
+    result.meta = JobMeta(job=job, t=t_meta, world_size=world, tp=tp, pp=pp, dp=dp, cp=cp,
+                          microbatches=0, schedule="unknown", nodes=nodes, comms=tuple(comms))
+    result.tables = {"coll": coll}
+
+    # data quality
+    hosts = set(nodes.values())
+    for c, n in rd.nnodes.items():
+        if rd.sizes[c] == world and len(rd.members[c]) == world and n != len(hosts):
+            result.warn(f"header nnodes {n} of the world communicator differs from the "
+                        f"{len(hosts)} host names in the files")
+            break
+    lossy: dict[int, int] = {}
+    for drops in (rd.marker_drops, rd.header_drops):
+        for (proc, _, _), v in drops.items():
+            lossy[rank_of[proc]] = lossy.get(rank_of[proc], 0) + v
+    if lossy:
+        listed = ", ".join(f"{r} ({n})" for r, n in sorted(lossy.items())[:20])
+        result.warn(f"Inspector dropped records (ring buffer overwritten before a dump) on "
+                    f"{len(lossy)} rank(s): {listed}; their operations are missing",
+                    sum(lossy.values()))
+    unobserved = sorted(set(range(world)) - set(rank_of.values()))
+    if unobserved:
+        result.warn(f"no Inspector output for {len(unobserved)} of {world} ranks: reported as "
+                    "unknown", len(unobserved))
+    result.info.update(_info(rd, df, timed, how, degrees_how, incomplete, lossy, unobserved,
+                             rank_of))
+    return result
+
+
+def _info(rd: _Reader, df: pd.DataFrame, timed: pd.Series, how: str, degrees_how: str,
+          incomplete: list[str], lossy: dict[int, int], unobserved: list[int],
+          rank_of: dict[int, int]) -> dict[str, Any]:
+    stats: dict[str, dict[str, Any]] = {}
+    for rank, g in df.assign(timed=timed).groupby("rank"):
+        busbw = g["busbw"].dropna()
+        stats[str(rank)] = {
+            "records": len(g), "placed_in_time": int(g["timed"].sum()),
+            "exec_us_p50": round(float(g["exec_us"].median()), 3),
+            "exec_us_max": round(float(g["exec_us"].max()), 3),
+            "busbw_gbs_p50": round(float(busbw.median()), 3) if len(busbw) else None,
+        }
+    untimed = int((~timed).sum())
+    info: dict[str, Any] = {
+        "source": SOURCE,
+        "format_versions": sorted(rd.versions),
+        "layouts": sorted(rd.layouts),
+        "files": {Path(f).name: n for f, n in sorted(rd.files.items())},
+        "processes": {str(rank_of[p]): f"{h}/pid {pid}" for (h, pid), p in sorted(
+            rd.procs.items(), key=lambda kv: rank_of[kv[1]])},
+        "rank_assignment": how,
+        "degrees": degrees_how,
+        "comms_incomplete": incomplete,
+        "operations": {"records": len(df), "placed_in_time": int(timed.sum()),
+                       "not_placed": untimed},
+        "lossy_ranks": {str(r): n for r, n in sorted(lossy.items())},
+        "unobserved_ranks": unobserved,
+        "seq_mapping": "collectives: rounds (function, coll_sn) of a communicator in call order "
+                       "over clock-aligned start times, from 0; p2p: p2p_sn - 1 on a companion "
+                       "communicator hash(id, 'p2p'); operations below the plugin's size "
+                       "threshold are never recorded and not counted",
+        "time_mapping": "enter = coll/p2p start timestamp (host, when NCCL started the "
+                        "operation); end = last kernel channel stop; t_start = first kernel "
+                        "channel start; microseconds x 1000",
+        "lossy_counts": "dump_stats counters summed over markers (drops since the previous "
+                        "dump); counters repeated in per-record headers taken at their maximum",
+        "rank_stats": stats,
+    }
+    if untimed:
+        info["untimed"] = {"operations": untimed, "missing": UNTIMED_MISSING,
+                           "detectors_unavailable": UNTIMED_DETECTORS}
+    return info
+
+
+def _placeholder(job: str) -> JobMeta:
+    return JobMeta(job=job, t=0, world_size=1, tp=1, pp=1, dp=1, cp=1, microbatches=0,
+                   schedule="unknown", nodes={}, comms=())
+
+
+def import_dir(path: str | Path, job: str | None = None) -> ImportResult:
+    """Read every Inspector output file under ``path`` and convert them (module docstring).
+
+    ``job`` defaults to the folder name (the plugin's default is ``nccl-inspector-<jobid>``).
+    Malformed input raises :class:`ContractError` naming the file and line.
+    """
+    root = Path(path)
+    name = root.name if root.is_dir() else root.parent.name
+    job = job or sanitize_job(name, "nccl-inspector")
+    result = ImportResult(meta=_placeholder(job), tables={}, info={"input": str(root)})
+    reader = _Reader(result)
+    for file in find_files(root):
+        reader.read(file)
+    convert(reader, job, result)
+    result.log_warnings(log)
+    return result
