@@ -362,3 +362,23 @@ def test_a_missing_dump_is_named_and_never_a_root_cause(
     assert roots == {12, 14} - {removed}
     unknown = {r for a in hangs for r in a.extra.get("unknown_ranks", [])}
     assert unknown <= {removed}
+
+
+def test_halt_point_and_wave_front_agree_with_the_flight_recorder_analysis(
+        imported: TraceDir) -> None:
+    """NVIDIA's reference output for these dumps: process group 74 (expert parallel)
+    all_to_all with rank 12 missing. Our halt point is rank 12's own stuck operation (a TP
+    all-gather its peer completed); the wave front is the first of its blocked rounds. The
+    halt point is self-consistent and the report is dated at the last observed event."""
+    from failslow.analyze import analyze
+
+    diag = analyze(imported.path)
+    last = max(imported.read("coll").column("t").to_pylist())
+    by_root = {tuple(a.ranks): a for a in diag.anomalies if a.kind == "hang"}
+    hang12 = by_root[(12,)]
+    hp = hang12.extra["halt_point"]
+    assert hp["in_flight"] == [12] and hp["completed"] == [13] and hp["missing"] == []
+    assert hp["entered"] == [12, 13]
+    front = hang12.extra["blocked_rounds"][0]
+    assert (front["comm_kind"], front["op"], front["missing"]) == ("ep", "alltoall", [12])
+    assert all(a.detected_ns == last for a in by_root.values())
