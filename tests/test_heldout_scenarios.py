@@ -187,7 +187,7 @@ def test_diagnosis_does_not_depend_on_batch_width(name: str, tmp_path: Path) -> 
 def test_cli_json_on_heldout_trace(tmp_path: Path) -> None:
     """``failslow analyze DIR --json`` prints the diagnosis and nothing else."""
     truth = hg.write(SCENARIOS["h2-dp-bytes"], tmp_path / "h2")
-    out = subprocess.run([sys.executable, "-m", "failslow.cli", "analyze", str(tmp_path / "h2"),
+    out = subprocess.run([sys.executable, "-m", "failslow", "analyze", str(tmp_path / "h2"),
                           "--json"], capture_output=True, text=True, timeout=120, check=True)
     diag = json.loads(out.stdout)
     assert [(a["kind"], a["cause"], a["ranks"]) for a in diag["anomalies"]] == [

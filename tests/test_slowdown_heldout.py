@@ -95,6 +95,7 @@ def test_transfer_noise_pooled_over_comparable_cluster() -> None:
     import numpy as np
 
     from failslow.detectors.slowdown import SlowdownDetector
+    from failslow.detectors.slowdown.communication import group_noise
 
     comms = tuple(Comm(10 + i, "dp", (i, i + 8)) for i in range(8))
     meta = JobMeta(job="j", t=0, world_size=16, tp=1, pp=1, dp=2, cp=1, microbatches=1,
@@ -110,7 +111,7 @@ def test_transfer_noise_pooled_over_comparable_cluster() -> None:
     b = {"bin": arr[:, 0].astype(np.int64), "cidx": arr[:, 1].astype(np.int64),
          "group": np.full(len(arr), -1, dtype=np.int64), "cls": np.zeros(len(arr), np.int64),
          "xfer": arr[:, 2], "n": np.ones(len(arr))}
-    keys, sigma, per_bin = det._group_noise(b)
+    keys, sigma, per_bin = group_noise(b, det.stats.kinds_of)
     quiet = sigma[keys == (0 << 40) ^ (-1 * 1_000_003) ^ 0][0]
     assert 0.05 < quiet < 0.3  # its own four equal bins: 0
     assert np.all(per_bin == 1.0)

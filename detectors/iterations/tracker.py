@@ -1,26 +1,10 @@
-"""Training iterations from the communication call sequence (Greyhound §4.2, "Iteration
-time analysis").
-
-Per rank, the sequence of operations it enters is periodic with one period per training
-iteration. Each operation becomes a symbol (communicator, op, bytes), so several
-communicators interleaving on one rank (TP collectives, PP send/recv, DP sync) still form
-one sequence with one period. The period is the first lag ``k`` whose autocorrelation
-reaches ``M = 0.95`` (Greyhound's ``argmin_k ACF(X)_k >= M``), computed with
-``statsmodels.tsa.stattools.acf`` on a few deterministic numeric embeddings of the symbols
-(a random projection of their one-hot encoding). We require every multiple of ``k`` to stay
-near the threshold too, so that a sub-period (e.g. the micro-batch pattern of a long 1F1B
-steady state) is not taken for the iteration.
-
-Once the period is known, each iteration starts at one *anchor* operation: the operation
-of the period preceded by the longest pause (typically the first call after the optimizer
-step). The anchor is pinned by its communicator and its ``seq`` residue modulo the number of
-calls on that communicator per period, so boundaries are found in each new batch with one
-vectorized test, and the iteration number ``(seq - residue) // calls`` agrees across ranks
-and across restarts. The first rank to learn its period is the reference: the others anchor
-at the operation closest in time to its boundaries and take its iteration numbers. The
-job's iteration (rank -1) runs from the last rank crossing one boundary to the last rank
-crossing the next, so a delay anywhere shows in exactly one job iteration.
-"""
+"""Per-rank and job iteration boundaries and times (Greyhound §4.2, "Iteration time
+analysis"), incremental: :class:`IterationTracker` buffers each rank's calls until its
+period (:mod:`.period`) is known, then finds the anchors (:mod:`.rank_state`) of every
+batch with one vectorized test. The first rank to learn its period is the reference: the
+others anchor at the operation closest in time to its boundaries and take its iteration
+numbers. The job's iteration (rank -1) runs from the last rank crossing one boundary to the
+last rank crossing the next, so a delay anywhere shows in exactly one job iteration."""
 
 from __future__ import annotations
 
@@ -32,147 +16,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from statsmodels.tsa.stattools import acf
 
 from failslow import events, results
 from failslow.detectors.base import EventBatch
+from failslow.detectors.iterations.columns import _median, coll_columns, rank_time_order
+from failslow.detectors.iterations.period import find_period, symbols
+from failslow.detectors.iterations.rank_state import _Rank, commit_anchor
 from failslow.events import JobMeta
-
-_U64 = np.uint64
-_M1, _M2, _M3 = _U64(0x9E3779B97F4A7C15), _U64(0xC2B2AE3D27D4EB4F), _U64(0x165667B19E3779F9)
-
-
-# ---------------------------------------------------------------------------------------------
-# decoded coll rows and grouping helpers (shared with the slow-down detector)
-
-_DECODED: list[Any] = [None, None]  # the latest table and its columns
-
-
-def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
-    """The ``coll`` columns the detectors use as numpy arrays, decoded once per table
-    (the detectors of one job see the same batch): ``rank``, ``comm_rank``, ``comm_size``,
-    ``seq``, ``peer``, ``t``, ``t_start`` (``NULL_TIME`` when null) as int64, ``comm`` as
-    uint64, ``bytes`` as int64, ``op`` as its index in ``events.COLL_OPS`` and
-    ``is_enter``."""
-    if _DECODED[0] is coll:
-        cached: dict[str, np.ndarray] = _DECODED[1]
-        return cached
-    op = pc.index_in(coll.column("op"), value_set=pa.array(events.COLL_OPS))
-    out = {
-        "rank": coll.column("rank").to_numpy().astype(np.int64),
-        "comm": coll.column("comm").to_numpy().astype(np.uint64),
-        "comm_rank": coll.column("comm_rank").to_numpy().astype(np.int64),
-        "comm_size": coll.column("comm_size").to_numpy().astype(np.int64),
-        "seq": coll.column("seq").to_numpy().astype(np.int64),
-        "op": pc.fill_null(op, -1).to_numpy(zero_copy_only=False).astype(np.int64),
-        "bytes": coll.column("bytes").to_numpy().astype(np.uint64).view(np.int64),
-        "peer": coll.column("peer").to_numpy().astype(np.int64),
-        "is_enter": pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False),
-        "t": coll.column("t").to_numpy().astype(np.int64),
-        "t_start": pc.fill_null(coll.column("t_start"), events.NULL_TIME).to_numpy()
-        .astype(np.int64),
-    }
-    _DECODED[0], _DECODED[1] = coll, out
-    return out
-
-
-def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:
-    """One int64 per row ordering like the ``by`` columns lexicographically (each column
-    offset by its minimum and given just enough bits); None when they do not fit."""
-    n = len(cols[by[0]])
-    key = np.zeros(n, dtype=np.int64)
-    used = 0
-    for k in reversed(by):
-        v = cols[k].astype(np.int64, copy=False)
-        lo = int(v.min())
-        bits = max(1, (int(v.max()) - lo).bit_length())
-        if used + bits > 62:
-            return None
-        if used:
-            key |= (v - lo) << used
-        else:
-            key = v - lo
-        used += bits
-    return key
-
-
-def _sorted_groups(cols: dict[str, np.ndarray], by: tuple[str, ...]
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(order sorting the rows by the ``by`` columns lexicographically, start offsets of
-    the groups of equal keys in that order): one int64 sort when the keys pack."""
-    n = len(cols[by[0]])
-    key = _pack(cols, by) if n else None
-    if key is None:
-        order = np.lexsort([cols[k] for k in reversed(by)])
-        return order, _group_starts(*[cols[k][order] for k in by])
-    order = np.argsort(key, kind="stable")
-    sk = key[order]
-    return order, np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
-
-
-def rank_time_order(rank: np.ndarray, t: np.ndarray, third: np.ndarray) -> np.ndarray:
-    """The order sorting rows by (rank, t, third). Rows usually come in time order (a
-    replay, a time-windowed stream): then a stable sort by rank alone is enough (and much
-    cheaper); ties in time fall back to the full sort."""
-    if len(t) > 1 and int(rank.max()) < 2**31 and int(rank.min()) >= 0 and \
-            bool(np.all(t[1:] >= t[:-1])):
-        order = stable_argsort(rank)
-        r, tt, x = rank[order], t[order], third[order]
-        same = r[1:] == r[:-1]
-        if not np.any(same & (tt[1:] == tt[:-1]) & (x[1:] < x[:-1])):
-            return order
-    order, _ = _sorted_groups({"r": rank, "t": t, "x": third}, ("r", "t", "x"))
-    return order
-
-
-def stable_argsort(key: np.ndarray) -> np.ndarray:
-    """``np.argsort(key, kind="stable")`` for non-negative integer keys below 2**32 (ranks,
-    codes) as one or two passes of numpy's radix sort on 16-bit digits: linear time, several
-    times faster than a comparison sort; other keys take the comparison sort."""
-    n = len(key)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    lo, hi = int(key.min()), int(key.max())
-    if lo < 0 or hi >= 2**32:
-        return np.argsort(key, kind="stable")
-    if hi < 2**16:
-        return np.argsort(key.astype(np.uint16), kind="stable")
-    k = key.astype(np.uint32)
-    order = np.argsort((k & 0xFFFF).astype(np.uint16), kind="stable")
-    return order[np.argsort((k[order] >> 16).astype(np.uint16), kind="stable")]
-
-
-def _median(x: np.ndarray) -> float:
-    """``float(np.median(x))`` of a non-empty array without NaN, by one sort (cheaper for
-    the short arrays of the learning phase)."""
-    s = np.sort(x)
-    n = len(s)
-    if n % 2:
-        return float(s[n // 2])
-    return (float(s[n // 2 - 1]) + float(s[n // 2])) / 2.0
-
-
-def _median0(x: np.ndarray) -> np.ndarray:
-    """``np.median(x, axis=0)`` of a 2-d array with rows and no NaN, by one sort along the
-    first axis (the median of an even count is the mean of the middle two, as numpy's)."""
-    s = np.sort(x, axis=0)
-    n = s.shape[0]
-    if n % 2:
-        return s[n // 2].astype(np.float64)
-    return (s[n // 2 - 1].astype(np.float64) + s[n // 2].astype(np.float64)) / 2.0
-
-
-def _group_starts(*keys: np.ndarray) -> np.ndarray:
-    """Start offsets of runs of equal keys in arrays already sorted by them."""
-    n = len(keys[0])
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for k in keys:
-        change[1:] |= k[1:] != k[:-1]
-    return np.flatnonzero(change)
 
 
 @dataclass
@@ -189,74 +39,6 @@ class IterationConfig:
     projections: int = 4  # numeric embeddings of the symbols for the ACF
     lost_periods: float = 3.0  # relearn when no anchor was seen for this many periods
 
-
-def symbols(comm: np.ndarray, op: np.ndarray, nbytes: np.ndarray | None) -> np.ndarray:
-    """One uint64 symbol per operation from (communicator, op code, bytes)."""
-    h = comm.astype(np.uint64) * _M1
-    h ^= (op.astype(np.uint64) + _U64(1)) * _M2
-    if nbytes is not None:
-        h ^= nbytes.astype(np.uint64) * _M3
-    h ^= h >> _U64(31)
-    h *= _M1
-    h ^= h >> _U64(29)
-    return h
-
-
-def _embed(sym: np.ndarray, j: int) -> np.ndarray:
-    """The j-th numeric embedding of the symbols: 16 bits of the hash in [-1, 1]."""
-    bits = (sym >> _U64(16 * (j % 4))) & _U64(0xFFFF)
-    if j >= 4:
-        bits = (bits * _U64(40503 + 2 * j)) & _U64(0xFFFF)
-    return bits.astype(np.float64) / 32767.5 - 1.0
-
-
-def pooled_acf(sym: np.ndarray, nlags: int, projections: int = 4) -> np.ndarray:
-    """Autocorrelation of a symbol sequence at lags 0..nlags: the mean of the adjusted
-    ACF (statsmodels) of ``projections`` numeric embeddings. A lag at which the sequence
-    repeats exactly scores 1."""
-    total = np.zeros(nlags + 1)
-    used = 0
-    for j in range(projections):
-        x = _embed(sym, j)
-        if np.ptp(x) == 0:
-            continue
-        total += acf(x, nlags=nlags, adjusted=True, fft=True, missing="none")
-        used += 1
-    return total / used if used else total
-
-
-def find_period(sym: np.ndarray, threshold: float = 0.95, max_lag: int = 20000,
-                slack: float = 0.05, projections: int = 4) -> int:
-    """Greyhound's period, ``argmin_k ACF_k >= M``, among lags whose multiples also reach
-    ``M - slack``; 0 when the sequence shows no period (at least two periods are needed)."""
-    n = len(sym)
-    nlags = min(max_lag, n // 2)
-    if nlags < 1 or len(np.unique(sym)) < 2:
-        return 0
-    r = pooled_acf(sym, nlags, projections)
-    for k in np.flatnonzero(r[1:] >= threshold) + 1:
-        multiples = r[2 * k::k]
-        if np.all(multiples >= threshold - slack):
-            return int(k)
-    return 0
-
-
-@dataclass
-class _Rank:
-    """Per-rank state."""
-
-    period: int = 0  # ops per iteration, 0 while learning
-    anchor_comm: int = 0
-    anchor_mod: int = 1  # calls on anchor_comm per period
-    anchor_res: int = 0
-    offset: int = 0  # added to (seq - res) // mod: iteration numbers of the reference rank
-    last_idx: int = -1  # the latest boundary seen
-    last_t: int = 0
-    next_try: int = 0
-    nobytes: bool = False  # symbols without bytes (bytes vary between iterations)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class IterationTracker:
@@ -570,7 +352,7 @@ class IterationTracker:
             promote = t_own > 1.5 * t_ref
         if promote:
             self._reset_others(rank, t_now)
-        self._commit(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
+        commit_anchor(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
         self._invalidate()
         if self.ref_rank < 0:
             self.ref_rank = rank
@@ -630,46 +412,6 @@ class IterationTracker:
         self.ref_bounds = np.zeros((0, 2), dtype=np.int64)
         self._pend = self._pend[:0]
         self._invalidate()
-
-    @staticmethod
-    def _commit(st: _Rank, period: int, comm: np.ndarray, seq: np.ndarray, t: np.ndarray,
-                ref: np.ndarray | None) -> None:
-        """Choose the anchor phase: the operation closest in time to the reference rank's
-        boundaries when there is a reference, else the one preceded by the longest median
-        pause (the first call after the optimizer step)."""
-        n = len(t)
-        k = n // period
-        lo = n - k * period
-        times = t[lo:].reshape(k, period)
-        phase = -1
-        if ref is not None and len(ref) >= 2:
-            rt = ref[:, 1]
-            near = times[(times[:, 0] >= rt[0] - (rt[-1] - rt[0])) & (times[:, -1] <= rt[-1]
-                                                                      + (rt[-1] - rt[0]))]
-            if len(near):
-                pos = np.clip(np.searchsorted(rt, near), 1, len(rt) - 1)
-                dist = np.minimum(np.abs(near - rt[pos - 1]), np.abs(near - rt[pos]))
-                phase = int(np.argmin(_median0(dist)))
-        if phase < 0:
-            gaps = np.concatenate(([np.nan], np.diff(t).astype(np.float64)))[lo:]
-            g = gaps.reshape(k, period)
-            if k > 1:
-                g = g[1:]  # the first period may hold the pause before the trace began
-            phase = int(np.argmax(_median0(np.where(np.isnan(g), -np.inf, g))))
-        pos = lo + (k - 1) * period + phase  # the anchor in the last full period
-        a_comm = comm[pos]
-        window = comm[lo + (k - 1) * period: lo + k * period]
-        mod = max(1, int(np.count_nonzero(window == a_comm)))
-        phases = lo + np.arange(k) * period + phase
-        res_all = seq[phases][comm[phases] == a_comm] % mod
-        res = int(np.bincount(res_all).argmax()) if len(res_all) else int(seq[pos] % mod)
-        st.period, st.anchor_comm, st.anchor_mod, st.anchor_res = period, int(a_comm), mod, res
-        st.offset = 0
-        if ref is not None and len(ref):
-            # number the iterations like the reference: its boundary nearest to ours
-            own = (int(seq[pos]) - res) // mod
-            j = int(np.argmin(np.abs(ref[:, 1] - t[pos])))
-            st.offset = int(ref[j, 0]) - own
 
     def _rank_rows(self, b: np.ndarray) -> np.ndarray:
         """Rows (rank, idx, t_start, t_end) of iterations completed by new boundaries."""

@@ -1,0 +1,354 @@
+"""Verified onsets and reliefs of slow-downs over a stream of iteration times (Greyhound §4.2,
+"Slow iteration detection", the verification step): :class:`ChangeTracker` checks BOCD or
+sliding-window candidates against the pre-anomaly baseline with a sign test robust to
+pauses, and keeps a stack of slow levels so a second slow-down during an open one is its
+own onset."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failslow.detectors.changepoints.candidates import BOCD, BOCDConfig, window_candidates
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(n, p)``."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    p = min(max(p, 0.0), 1.0)
+    return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
+
+
+@dataclass
+class Change:
+    """A verified change: ``kind`` is ``onset`` (a slower level) or ``relief`` (back to a
+    lower level). ``depth``: the number of slow levels stacked after the change (an onset
+    during an open anomaly has depth 2; a relief back to the healthy baseline has depth 0)."""
+
+    kind: str
+    index: int  # first iteration of the new level
+    detected_index: int  # the iteration whose arrival confirmed it
+    baseline: float  # the level below (healthy baseline for a first onset)
+    level: float  # iteration time after the change (median of the confirming values)
+    depth: int = 1
+    closed: int = 0  # relief: how many levels it closed
+
+    @property
+    def ratio(self) -> float:
+        return self.level / self.baseline if self.baseline > 0 else math.nan
+
+
+@dataclass
+class ChangeConfig:
+    """Settings of :class:`ChangeTracker`."""
+
+    method: str = "bocd"  # "bocd" or "window"
+    threshold: float = 0.05  # verification: least relative change vs the reference level
+    noise_z: float = 1.0  # per-value threshold: also at least noise_z robust sigmas
+    alpha: float = 0.001  # sign test level of the verification (the series alone: strict;
+    #                       the slow-down detector uses 0.01, backed by localization)
+    median_z: float = 2.0  # the median of the new values clears the floor by z sigma/sqrt(n)
+    min_baseline: int = 5  # iterations of baseline before an onset can be declared
+    min_after: int = 2  # fewest values of the new level that confirm a change ...
+    max_after: int = 12  # ... and most (noisy jobs need more)
+    baseline_window: int = 50  # the baseline is the median of at most this many values
+    history: int = 512  # values kept
+    window: int = 3  # sliding-window detector: w
+    max_levels: int = 3  # slow levels stacked at most (a second slow-down while one is open)
+    bocd: BOCDConfig = field(default_factory=BOCDConfig)
+
+
+@dataclass
+class _Level:
+    """One slow level on the stack: where it starts and the level below it."""
+
+    start: int
+    detected: int
+    below: float  # the reference level it was confirmed against
+    level: float
+    n_confirm: int
+    seg: int = -1  # first index of its current stretch (after a higher level closed)
+
+
+class ChangeTracker:
+    """Onsets and reliefs of slow-downs over a stream of iteration times (Greyhound §4.2:
+    BOCD candidates plus a verification step), with a stack of slow levels so that a second
+    slow-down during an open one is its own onset.
+
+    Verification is against a *reference segment*: the healthy baseline for a first onset
+    (not only the neighbouring segment, so a slow ramp of small steps is still caught), the
+    current slow level for a further onset. For ``n`` in ``[min_after, max_after]`` the last
+    ``n`` values are tested with a sign test robust to pauses: ``k`` of them exceed
+    ``ref x (1 + thr)``, ``thr = max(threshold, noise_z x sigma)`` (``sigma`` the robust
+    relative spread of the reference segment); under the reference each value does so with
+    probability ``p``, the rate at which the segment's own values exceed it (Jeffreys
+    estimate: GC pauses and other one-off spikes raise it), and the change is confirmed when
+    ``P(Bin(n, p) >= k) <= alpha`` and the median of the ``n`` values exceeds the limit
+    too. A quiet job confirms on two slow iterations, a job with frequent pauses needs more,
+    and a single pause is never enough. Reliefs are the mirror test against the slow level:
+    the values fall below the midpoint between it and a lower level, and the levels above
+    that are closed. The first index of a new level is the CUSUM split between the two
+    levels (values clipped to them, so a lone spike does not pull it), moved to an adjacent
+    BOCD (or sliding-window) candidate. Speed-ups while healthy (the end of warm-up)
+    re-learn the baseline.
+    """
+
+    def __init__(self, config: ChangeConfig | None = None) -> None:
+        self.config = config or ChangeConfig()
+        self.values: list[float] = []  # the last `history` values
+        self.offset = 0  # index of values[0] in the stream
+        self.seg_start = 0  # first index of the current healthy segment
+        self.baseline = math.nan
+        self.sigma = 0.0  # robust relative noise of the baseline
+        self.levels: list[_Level] = []
+        self.candidates: list[int] = []  # unverified candidate indices
+        self.bocd = BOCD(self.config.bocd)
+        self.allow_further = True  # the caller may hold further onsets back
+        self.min_start = 0  # first index a new level may start at (after a reject)
+
+    # ------------------------------------------------------------------ caller's verdicts
+
+    def reject(self) -> None:
+        """The top level was not confirmed by the caller (e.g. its slow iterations had no
+        common root: pauses on random ranks): drop it without a relief. Its values stay in
+        the segment below, so the baseline learns how often such spikes come."""
+        if self.levels:
+            self.levels.pop()
+            self.candidates.clear()
+            self.min_start = self.n  # the evidence of a new onset must be new values
+
+    def merge_top(self) -> None:
+        """The top level is the same slow-down as the one below it, grown worse: fold it
+        into that level (a ladder-shaped fail-slow is one anomaly)."""
+        if len(self.levels) >= 2:
+            top = self.levels.pop()
+            lower = self.levels[-1]
+            lower.level = top.level
+            lower.seg = top.start
+            lower.n_confirm = max(lower.n_confirm, top.n_confirm)
+            self.candidates.clear()
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def n(self) -> int:
+        return self.offset + len(self.values)
+
+    @property
+    def state(self) -> str:
+        return "anomalous" if self.levels else "normal"
+
+    @property
+    def level(self) -> float:
+        return self.levels[-1].level if self.levels else math.nan
+
+    @property
+    def onset(self) -> int:
+        return self.levels[0].start if self.levels else -1
+
+    def _slice(self, lo: int, hi: int) -> np.ndarray:
+        return np.asarray(self.values[max(0, lo - self.offset):max(0, hi - self.offset)])
+
+    @staticmethod
+    def _stats(seg: np.ndarray) -> tuple[float, float]:
+        if not len(seg):
+            return math.nan, 0.0
+        med = float(np.median(seg))
+        return med, 1.4826 * float(np.median(np.abs(seg - med))) / med
+
+    def _baseline_level(self, hi: int) -> tuple[float, float]:
+        """Median and robust relative sigma of the healthy segment before ``hi``."""
+        c = self.config
+        return self._stats(self._slice(max(self.seg_start, hi - c.baseline_window), hi))
+
+    # ------------------------------------------------------------------ stream
+
+    def push(self, value: float) -> list[Change]:
+        """Add one iteration time; return the changes it confirms (at most one)."""
+        c = self.config
+        if not (value > 0 and math.isfinite(value)):
+            return []
+        i = self.n
+        self.values.append(float(value))
+        if len(self.values) > c.history:
+            drop = len(self.values) - c.history
+            self.values = self.values[drop:]
+            self.offset += drop
+        if c.method == "bocd":
+            cp = self.bocd.update(math.log(value))
+            if cp is not None:
+                self.candidates.append(cp)
+        else:
+            lo = max(self.offset, i - c.window - 10)
+            for cand in window_candidates(self._slice(lo, i + 1), c.window, 10, c.threshold):
+                if lo + cand not in self.candidates:
+                    self.candidates.append(lo + cand)
+        self.candidates = [x for x in self.candidates if x > i - 3 * c.max_after - 8]
+        if not self.levels:
+            return self._check_onset(i)
+        out = self._check_relief(i)
+        if not out and len(self.levels) < c.max_levels and self.allow_further:
+            out = self._check_further(i)
+        return out
+
+    def _test_up(self, ref: np.ndarray, tail: np.ndarray, down: bool = False
+                 ) -> tuple[bool, float, float]:
+        """Sign test: are ``tail`` values significantly above (``down``: below) the
+        reference segment? Returns (significant, reference median, its relative sigma)."""
+        c = self.config
+        med, sigma = self._stats(ref)
+        if not len(ref) or not med > 0:
+            return False, med, sigma
+        thr = max(c.threshold, c.noise_z * sigma)
+        # the level itself: the median of the n values clears the floor by its own noise
+        margin = max(thr, c.threshold + c.median_z * sigma / math.sqrt(len(tail)))
+        if down:
+            limit = med * (1 - thr)
+            k = int(np.count_nonzero(tail < limit))
+            p = (float(np.count_nonzero(ref < limit)) + 0.5) / (len(ref) + 1.0)
+            level_ok = float(np.median(tail)) < med * (1 - margin)
+        else:
+            limit = med * (1 + thr)
+            k = int(np.count_nonzero(tail > limit))
+            p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
+            level_ok = float(np.median(tail)) > med * (1 + margin)
+        return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
+
+    def _check_onset(self, i: int) -> list[Change]:
+        c = self.config
+        if i - c.min_after + 1 - self.seg_start < c.min_baseline:
+            return []
+        self.baseline, self.sigma = self._baseline_level(i - c.min_after + 1)
+        # speed-up (e.g. the end of warm-up): re-learn the baseline from the faster level
+        for n in range(c.min_after, c.max_after + 1):
+            hi = i - n + 1
+            if hi - self.seg_start < c.min_baseline:
+                break
+            ref = self._slice(max(self.seg_start, hi - c.baseline_window), hi)
+            if self._test_up(ref, self._slice(hi, i + 1), down=True)[0]:
+                self.seg_start = hi
+                self.candidates.clear()
+                self.baseline, self.sigma = self._baseline_level(i + 1)
+                return []
+        for n in range(c.min_after, c.max_after + 1):
+            hi = i - n + 1
+            if hi - self.seg_start < c.min_baseline or hi < self.min_start:
+                return []
+            ref = self._slice(max(self.seg_start, hi - c.baseline_window), hi)
+            ok, base, sigma = self._test_up(ref, self._slice(hi, i + 1))
+            if ok:
+                self.baseline, self.sigma = base, sigma
+                return [self._open(i, n, base, max(self.seg_start + 1, self.offset,
+                                                    self.min_start))]
+        return []
+
+    def _check_further(self, i: int) -> list[Change]:
+        """A further slow-down on top of the open one(s)."""
+        c = self.config
+        top = self.levels[-1]
+        for n in range(c.min_after, c.max_after + 1):
+            hi = i - n + 1
+            # the reference: the top level's values, without its first (transition) one
+            first = max(top.start, top.seg) + 1
+            if hi - first < c.min_baseline:
+                return []
+            ref = self._slice(max(first, hi - c.baseline_window), hi)
+            ok, ref_level, _ = self._test_up(ref, self._slice(hi, i + 1))
+            if ok:
+                top.level = ref_level
+                return [self._open(i, n, ref_level, first)]
+        return []
+
+    def _open(self, i: int, n: int, below: float, floor: int) -> Change:
+        tail = self._slice(i - n + 1, i + 1)
+        level = float(np.median(tail))
+        start = self._split(i, n, below, level, floor)
+        level = float(np.median(self._slice(start, i + 1)))
+        self.levels.append(_Level(start, i, below, level, n))
+        self.candidates.clear()
+        return Change("onset", start, i, below, level, depth=len(self.levels))
+
+    def _check_relief(self, i: int) -> list[Change]:
+        """The values fell back to a lower level: close the levels above it."""
+        c = self.config
+        top = self.levels[-1]
+        n = top.n_confirm
+        first = max(top.start, top.seg)
+        if i - n + 1 <= first:
+            return []
+        during = self._slice(first, i - n + 1)
+        if len(during) >= 3:
+            top.level = float(np.median(during))
+        tail = self._slice(i - n + 1, i + 1)
+        stat = float(tail.max()) if n <= 2 else float(np.median(tail))
+        # the lowest level the tail is back to: below the midpoint to the level above it
+        refs = [self.baseline] + [lv.level for lv in self.levels]
+        target = -1
+        for j in range(len(self.levels)):
+            if stat < 0.5 * (refs[j] + refs[j + 1]):
+                target = j
+                break
+        if target < 0:
+            return []
+        if target == 0:
+            thr = max(c.threshold, c.noise_z * self.sigma)
+            if stat > self.baseline * (1 + thr):
+                return []
+        closed = len(self.levels) - target
+        upper = self.levels[target]
+        lower = refs[target]
+        start = self._split(i, n, lower, refs[target + 1], max(upper.start + 1, self.offset),
+                            slow=False)
+        level = float(np.median(self._slice(start, i + 1)))
+        del self.levels[target:]
+        if not self.levels:
+            self.seg_start = start
+        else:
+            self.levels[-1].seg = start
+        self.candidates.clear()
+        return [Change("relief", start, i, lower, level, depth=len(self.levels),
+                       closed=closed)]
+
+    def _split(self, i: int, n: int, low: float, high: float, floor: int,
+               slow: bool = True) -> int:
+        """Where the new level starts: the CUSUM estimate (the start maximizing the summed
+        excess over the midpoint up to ``i``, values clipped to ``[low, high]``), moved to a
+        change-point candidate next to it."""
+        lo = max(floor, i - 2 * n - 4)
+        vals = self._slice(lo, i + 1)
+        a, b = min(low, high), max(low, high)
+        mid = 0.5 * (a + b)
+        clipped = np.clip(vals, a, b)
+        excess = (clipped - mid) if slow else (mid - clipped)
+        gain = np.cumsum(excess[::-1])[::-1]  # sum of excess from each start to i
+        best = lo + int(np.argmax(gain))
+        near = [x for x in self.candidates if abs(x - best) <= 1 and lo <= x <= i]
+        return min(near, key=lambda x: (abs(x - best), x)) if near else best
+
+    # ------------------------------------------------------------------ state
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"values": list(self.values), "offset": self.offset,
+                "seg_start": self.seg_start,
+                "baseline": None if math.isnan(self.baseline) else self.baseline,
+                "sigma": self.sigma, "levels": [asdict(lv) for lv in self.levels],
+                "candidates": list(self.candidates), "bocd": self.bocd.snapshot(),
+                "allow_further": self.allow_further, "min_start": self.min_start}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.values = [float(v) for v in state["values"]]
+        self.offset = int(state["offset"])
+        self.seg_start = int(state["seg_start"])
+        self.baseline = math.nan if state["baseline"] is None else float(state["baseline"])
+        self.sigma = float(state["sigma"])
+        self.levels = [_Level(**lv) for lv in state["levels"]]
+        self.candidates = [int(x) for x in state["candidates"]]
+        self.bocd.restore(state["bocd"])
+        self.allow_further = bool(state.get("allow_further", True))
+        self.min_start = int(state.get("min_start", 0))

@@ -1,0 +1,172 @@
+"""The evidence a job's batches add up to (CCL-D §4.2, Greyhound §4.3, MEGATRACE §III):
+waits, transfer times and CCL-D's ``T_max``/``T_min`` of every round, each rank's compute
+(the gaps between its operations, placed in the pipeline schedule), RDMA queue-pair
+occupancy, GPU clocks and framework spans, summed into time bins (:class:`BinnedStats`);
+and the CCL-D baselines per round class."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from failslow.detectors.iterations import coll_columns
+from failslow.detectors.slowdown.bins import BinTable, _KeyIndex
+from failslow.detectors.slowdown.ccld import CCLDMonitor
+from failslow.detectors.slowdown.comms import CommRegistry
+from failslow.detectors.slowdown.config import RECV, SEND, SPAN_PASSES, SlowdownConfig
+from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
+from failslow.detectors.slowdown.links import LinkTracker
+from failslow.detectors.slowdown.rounds import Rounds
+from failslow.events import JobMeta
+
+#: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap, HW
+#: slowdown, SW / HW thermal slowdown, HW power brake.
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+#: The bin tables of :class:`BinnedStats`, by attribute name (snapshot order).
+TABLE_NAMES = ("out_w", "in_w", "grp", "comp", "passes", "qp", "gpu", "spans")
+
+
+class BinnedStats:
+    """Per-batch accounting of one job into time bins (bin = time >> ``shift``; the bins
+    are coarsened to ~1/8 iteration once the iteration time is known):
+
+    * ``out_w`` / ``in_w``: waits per (waiter, communicator) and per (communicator,
+      waited-on member); ``grp``: rounds, transfer time and ``T_max``/``T_min`` per group
+      (communicator, point-to-point pair, (op, bytes) class); ``ccld``: CCL-D's baselines;
+    * ``comp`` / ``passes``: each rank's compute, and per forward / backward pass
+      (:class:`GapTracker`); ``spans``: framework spans when a source has them;
+    * ``qp``: RDMA queue pairs (:class:`LinkTracker`); ``gpu``: SM clock and throttling.
+    """
+
+    def __init__(self, meta: JobMeta, config: SlowdownConfig, registry: CommRegistry
+                 ) -> None:
+        self.meta = meta
+        self.config = config
+        self.registry = registry
+        self.gaps = GapTracker()
+        self.links = LinkTracker(meta)
+        self.ccld = CCLDMonitor(config)
+        self.shift = config.bin_shift
+        self.out_w = BinTable(("rank", "cidx"), ("w",))
+        self.in_w = BinTable(("cidx", "waitee"), ("w", "n"))
+        self.grp = BinTable(("cidx", "group", "cls"), ("n", "xfer", "dmax", "dmin"),
+                            arg="range", carried=("rdmax", "rdmin"))
+        self.comp = BinTable(("rank",), ("d",))
+        self.passes = BinTable(("rank", "pass"), ("d",))  # forward / backward compute
+        self.qp = BinTable(("qp",), ("dc", "lt", "db"))
+        self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
+        # framework spans, when a source has them: compute time per rank and pass
+        self.spans = BinTable(("rank", "op"), ("d", "n"))
+        self.classes = _KeyIndex()  # bytes << 4 | op -> class index
+        self.group_ids = _KeyIndex([(-1, 0)])  # point-to-point pair -> small id
+
+    @property
+    def tables(self) -> tuple[BinTable, ...]:
+        return tuple(getattr(self, name) for name in TABLE_NAMES)
+
+    def account_rounds(self, r: Rounds) -> None:
+        """Sum a batch of rounds into the bins and the CCL-D baselines."""
+        cls = self.classes_of(r.op, r.nbytes)
+        binr = r.t_end >> self.shift
+        rng = (r.dmax - r.dmin).astype(np.float64)
+        self.grp.add({"bin": binr, "cidx": r.cidx, "group": r.group, "cls": cls,
+                      "n": np.ones(len(r)), "xfer": r.transfer, "dmax": r.dmax,
+                      "dmin": r.dmin, "range": rng, "rdmax": r.dmax, "rdmin": r.dmin})
+        wait = r.m_wait > 0
+        waitee = r.last_rank[r.m_round]
+        mbin = binr[r.m_round]
+        mcidx = r.cidx[r.m_round]
+        self.out_w.add({"bin": mbin[wait], "rank": r.m_rank[wait], "cidx": mcidx[wait],
+                        "w": r.m_wait[wait]})
+        self.in_w.add({"bin": mbin[wait], "cidx": mcidx[wait], "waitee": waitee[wait],
+                       "w": r.m_wait[wait], "n": np.ones(int(wait.sum()))})
+        self.ccld.update(self.ccld_key(r.cidx, r.group, cls), r.t_end, r.dmax, r.dmin)
+
+    def ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
+        """One int64 per round class: communicator, point-to-point pair (0 for a
+        collective) and (op, bytes) class."""
+        gid = self.group_ids.lookup(np.asarray(group, dtype=np.int64))
+        return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid << 20)
+                | np.asarray(cls, dtype=np.int64))
+
+    def account_gaps(self, coll: pa.Table) -> None:
+        c = coll_columns(coll)
+        op, peer, cr = c["op"], c["peer"], c["comm_rank"]
+        kind = np.zeros(len(op), dtype=np.int64)
+        p = np.flatnonzero((op == SEND) | (op == RECV))
+        if len(p):
+            recv, pp, cc = op[p] == RECV, peer[p], cr[p]
+            # 1 recv from the previous stage, 2 from the next, 3 send to the next, 4 to the
+            # previous (0: a peer equal to oneself)
+            kind[p] = np.where(recv, np.where(pp < cc, 1, np.where(pp > cc, 2, 0)),
+                               np.where(pp > cc, 3, np.where(pp < cc, 4, 0)))
+        r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind)
+        if len(r):
+            d = gap.astype(np.float64)
+            self.comp.add({"bin": te >> self.shift, "rank": r, "d": d})
+            known = passes > 0
+            if known.any():
+                self.passes.add({"bin": te[known] >> (self.shift + PASS_BIN_SHIFT),
+                                 "rank": r[known], "pass": passes[known], "d": d[known]})
+
+    def account_links(self, link: pa.Table) -> None:
+        cols = self.links.update(link)
+        if cols is not None:
+            t = cols.pop("t")
+            cols.pop("dt")
+            cols["bin"] = t >> self.shift
+            self.qp.add(cols)
+
+    def account_gpu(self, gpu: pa.Table) -> None:
+        rank = pc.fill_null(gpu.column("rank"), -1).to_numpy().astype(np.int64)
+        keep = rank >= 0
+        if not keep.any():
+            return
+        reasons = gpu.column("throttle_reasons").to_numpy().astype(np.uint64)
+        thr = (reasons & np.uint64(THROTTLE_MASK)) != 0
+        self.gpu.add({"bin": gpu.column("t").to_numpy()[keep] >> self.shift,
+                      "rank": rank[keep], "n": np.ones(int(keep.sum())),
+                      "sm": gpu.column("sm_clock_mhz").to_numpy()[keep].astype(np.float64),
+                      "thr": thr[keep].astype(np.float64)})
+
+    def account_spans(self, span: pa.Table) -> None:
+        """Forward and backward compute time per rank and bin (MEGATRACE's stages)."""
+        op = pc.index_in(span.column("op"), value_set=pa.array(SPAN_PASSES))
+        code = pc.fill_null(op, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        keep = code >= 0
+        if not keep.any():
+            return
+        t0 = span.column("t_start").to_numpy()[keep]
+        t1 = span.column("t_end").to_numpy()[keep]
+        self.spans.add({"bin": t1 >> self.shift,
+                        "rank": span.column("rank").to_numpy()[keep].astype(np.int64),
+                        "op": code[keep], "d": (t1 - t0).astype(np.float64),
+                        "n": np.ones(int(keep.sum()))})
+
+    def classes_of(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        return self.classes.lookup((nbytes.astype(np.int64) << 4) | op.astype(np.int64))
+
+    def kinds_of(self, cidx: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(cidx, return_inverse=True)
+        names = np.array([self.registry.kind(int(i)) for i in uniq.tolist()])
+        return names[inv.reshape(-1)]
+
+    def resize(self, base_iter_ns: float) -> None:
+        """Coarsen the bins to ~1/8 of the iteration time ``base_iter_ns``."""
+        if base_iter_ns <= 0:
+            return
+        want = max(self.config.bin_shift, int(math.log2(max(base_iter_ns / 8, 1.0))))
+        if want > self.shift:
+            for table in self.tables:
+                table.rebin(want - self.shift)
+            self.shift = want
+
+    def prune(self, horizon_ns: int) -> None:
+        """Drop the bins before ``horizon_ns``."""
+        for table in self.tables:
+            extra = PASS_BIN_SHIFT if table is self.passes else 0
+            table.prune(horizon_ns >> (self.shift + extra))

@@ -1,0 +1,401 @@
+"""The anomaly lifecycle of the slow-down detector (CCL-D §4.2, Greyhound §4.2-4.3): each
+slow level of the change tracker becomes an anomaly once its root *persists* over its slow
+iterations beyond chance (a fail-slow is a persistent slow component; pauses and bursts of
+jitter hit random ranks), is refined while young, merged into the level below when it is
+the same fault grown worse, dropped when no root persists, and closed by a relief."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from failslow.detectors.changepoints import Change, ChangeTracker
+from failslow.detectors.slowdown.accounting import BinnedStats
+from failslow.detectors.slowdown.compute import gpu_evidence
+from failslow.detectors.slowdown.config import SlowdownConfig
+from failslow.detectors.slowdown.levels import SlowLevel, Window
+from failslow.detectors.slowdown.localizer import INTERNAL_FIELDS, Localizer
+from failslow.detectors.slowdown.timeline import IterationTimeline
+from failslow.diagnosis import Anomaly
+from failslow.events import JobMeta
+
+
+class AnomalyLifecycle:
+    """The slow levels (``levels``, aligned with the change tracker's) and the anomalies
+    they become: reported once when an anomaly opens (and again when refined) and once when
+    it closes, with the same ``id``."""
+
+    def __init__(self, meta: JobMeta, config: SlowdownConfig, change: ChangeTracker,
+                 timeline: IterationTimeline, stats: BinnedStats, localizer: Localizer
+                 ) -> None:
+        self.meta = meta
+        self.config = config
+        self.change = change
+        self.timeline = timeline
+        self.stats = stats
+        self.localizer = localizer
+        self.levels: list[SlowLevel] = []
+        self.next_id = 0
+
+    def step(self, changes: list[Change]) -> list[Anomaly]:
+        """After a job iteration: open levels at onsets, close them at reliefs, confirm the
+        pending ones whose root persists and refine a young open top level."""
+        out: list[Anomaly] = []
+        for ch in changes:
+            if ch.kind == "onset":
+                self._onset(ch)
+            else:
+                out.extend(self._relief(ch))
+        for op in list(self.levels):
+            if op.state == "pending":
+                out.extend(self._try_confirm(op))
+        top = self.levels[-1] if self.levels else None
+        if top is not None and top.state == "open" and \
+                len(top.per_iter) <= top.first + self.config.refine_iterations:
+            out.extend(self._refine(top))
+        return out
+
+    def _window(self, op: SlowLevel, lo_pos: int, hi_ns: int) -> Window:
+        return self.timeline.window(op, lo_pos, hi_ns, self.stats.shift)
+
+    def _onset(self, ch: Change) -> None:
+        c = self.config
+        idx, t0, _ = self.timeline.at(ch.index)
+        if ch.depth <= 1 or not self.levels:
+            ref_lo = int(t0 - c.baseline_iterations * ch.baseline)
+            ref_lo = max(ref_lo, self.timeline.first_t)
+            seg = self.timeline.at(self.change.seg_start)[1]
+            ref_lo = max(ref_lo, seg) if seg < t0 else ref_lo
+            healthy = ch.baseline
+        else:
+            lower = self.levels[-1]
+            lo_pos = max(lower.onset_pos + 1, self.change.levels[-2].seg
+                         if len(self.change.levels) >= 2 else lower.onset_pos + 1)
+            ref_lo = int(self.timeline.at(lo_pos)[1])
+            healthy = lower.healthy_ns
+        ref_lo = min(ref_lo, int(t0) - (1 << self.stats.shift))
+        self.levels.append(SlowLevel(
+            anomaly={"kind": "slow", "cause": "compute", "ranks": [], "start_ns": int(t0),
+                     "detected_ns": None, "end_ns": None,
+                     "slowdown": round(ch.level / healthy, 4) if healthy > 0 else None,
+                     "onset_iteration": int(idx)},
+            onset_pos=ch.index, ref_lo_ns=ref_lo, ref_iter_ns=ch.baseline,
+            healthy_ns=healthy, seg_before=self.change.seg_start))
+
+    def _try_confirm(self, op: SlowLevel) -> list[Anomaly]:
+        """Open the anomaly of a pending level once its root persists (:meth:`_persistent`):
+        a fail-slow is a persistent slow component, while pauses and bursts of jitter hit
+        random ranks; after ``localize_retries`` more iterations without a persistent root
+        the level is dropped."""
+        c = self.config
+        op.tries += 1
+        t_onset = self.timeline.at(op.onset_pos)[1]
+        if self.timeline.horizon - t_onset < c.min_window_iterations * op.ref_iter_ns:
+            return []
+        found = self._persistent(op)
+        if found is None:
+            if op.tries > c.localize_retries:
+                self._drop(op)
+            return []
+        first, comm_ok, nodes, roots = found
+        win = self._window(op, op.onset_pos + first, self.timeline.horizon)
+        loc = self.localizer.localize(win, op, roots=roots, comm=comm_ok)
+        if comm_ok and loc["cause"] == "compute":
+            loc = self.localizer.localize(win, op, roots=roots, comm=True, force_comm=True)
+        loc["signature"] = [comm_ok, nodes, roots]
+        if not loc["confident"]:
+            return []
+        if (loc["cause"] == "compute" and self.localizer.evidence.get("compute_source") == "waits"
+                and loc.get("P") is not None and loc["P"] < c.alpha):
+            # CCL-D §4.2.2: the root's rounds lost time in transfer, not in its late
+            # arrival; without gap evidence of its own compute this is no compute slow-down
+            return []
+        if loc["cause"] == "communication" and loc.get("P") is not None and loc["P"] >= c.alpha:
+            # the mirror case: the slow group's rounds did not lose their time mostly to the
+            # transfer (CCL-D: only P < alpha is communication; P > beta is a late arrival,
+            # and in between the evidence is split): no slow link
+            return []
+        extra: list[dict[str, Any]] = []
+        if loc["cause"] == "mixed" and loc["independent"]:
+            # two faults at once (a straggler and a slow link it does not use): one anomaly
+            # per root cause; the link's is kept only if its rounds lost time to transfer
+            link = self.localizer.localize(win, op, roots=[], comm=True, force_comm=True)
+            loc = self.localizer.localize(win, op, roots=roots, comm=False)
+            loc["signature"] = [comm_ok, nodes, roots]
+            if link["cause"] == "communication" and (link.get("P") is None
+                                                     or link["P"] <= c.beta):
+                extra.append({k: v for k, v in link.items() if k not in INTERNAL_FIELDS})
+        depth = self.levels.index(op)
+        if depth > 0 and self._same(self.levels[depth - 1], loc):
+            # the open anomaly grew worse: one fault, one anomaly
+            lower = self.levels[depth - 1]
+            lower.anomaly["slowdown"] = max(float(lower.anomaly["slowdown"] or 0.0),
+                                            float(op.anomaly["slowdown"] or 0.0))
+            self.levels.remove(op)
+            self.change.merge_top()
+            return []
+        op.signature = loc["signature"]
+        op.first = first
+        op.anomaly.update({k: v for k, v in loc.items()
+                           if k not in INTERNAL_FIELDS})
+        if first:
+            # the root appeared some iterations after the level's onset: the anomaly is
+            # the stretch from there on
+            a = self.timeline.pos(op.onset_pos + first)
+            op.anomaly["onset_iteration"] = int(self.timeline.iters[a][0])
+            durs = [d for _, t0, d in self.timeline.iters[a:] if t0 + d <= self.timeline.horizon]
+            if durs and op.healthy_ns > 0:
+                op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
+        out = []
+        for j, loc_j in enumerate([{}, *extra]):
+            if j:
+                keep = {k: op.anomaly[k] for k in ("kind", "onset_iteration", "slowdown",
+                                                   "end_ns")}
+                op.extra.append({**keep, **loc_j})
+            a_j = op.extra[-1] if j else op.anomaly
+            a_j["start_ns"] = min(int(a_j["start_ns"]), self.timeline.horizon - 1)
+            a_j["detected_ns"] = int(self.timeline.horizon)
+            a_j["id"] = f"slow-{self.next_id}"
+            self.next_id += 1
+            out.append(_anomaly(a_j))
+        op.state = "open"
+        return out
+
+    def _persistent(self, op: SlowLevel, max_start: int | None = None
+                    ) -> tuple[int, bool, list[str], list[int]] | None:
+        """The slow iterations since the onset, each localized on its own against the same
+        reference (cached), and what persists among them: a compute root (or a slow link)
+        found in at least two of them and in ``consistency`` of the iterations from its
+        first appearance on (that first one may be only partly slow). Returns (index of the
+        first persistent iteration relative to the onset, communication persists?, its node
+        pair, persistent compute roots), or None."""
+        c = self.config
+        a = self.timeline.pos(op.onset_pos) + len(op.per_iter)
+        while a < len(self.timeline.iters):
+            _, t0, d = self.timeline.iters[a]
+            if t0 + d > self.timeline.horizon:
+                break
+            one = self.localizer.localize(self._window(op, self.timeline.offset + a, t0 + d), op,
+                                light=True)
+            # the signature, and the slow groups behind its communication evidence
+            op.per_iter.append([*one["signature"], one["groups"]] if one["confident"]
+                               else None)
+            a += 1
+        k = len(op.per_iter)
+
+        # the chance that a given rank is among an iteration's compute roots by accident:
+        # the share of the ranks that iteration named (noise names many ranks at once)
+        world = max(self.meta.world_size, 1)
+        chance = [min(len(sig[2]) / world, 1.0) if sig else 0.0 for sig in op.per_iter]
+
+        def stretch(member: list[bool | None], by_chance: bool = False) -> int | None:
+            """Earliest start of a persistent trailing stretch (None: none); iterations
+            whose ``member`` is None say nothing and are left out (a stretch starts at
+            the first of them before its first hit). With ``by_chance``, the stretch must
+            also be unlikely to arise by accident for any rank
+            (:func:`_persistence_chance`)."""
+            known = [i for i in range(k) if member[i] is not None]
+            for j, s0 in enumerate(known):
+                if max_start is not None and s0 > max_start:
+                    break
+                if not member[s0]:
+                    continue
+                rest = known[j:]
+                hits = sum(1 for i in rest if member[i])
+                n = len(rest)
+                # a root that appears only well after the onset needs one more iteration
+                need = 2 if s0 <= 1 else 3
+                if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
+                        not by_chance or world * _persistence_chance(
+                            [chance[i] for i in rest], hits) <= c.persist_alpha):
+                    # uninformative iterations just before it belong to the stretch
+                    return known[j - 1] + 1 if j else 0
+            return None
+
+        starts: list[int] = []
+        roots: list[tuple[int, int]] = []  # (start, rank)
+        cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
+        for r in cands:
+            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter], by_chance=True)
+            if st is not None:
+                roots.append((st, r))
+                starts.append(st)
+        comm_nodes: list[str] = []
+        comm_start = None
+        pairs = sorted({tuple(sig[1]) for sig in op.per_iter if sig and sig[0]})
+        for pair in pairs:
+            hit = [bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
+                   for sig in op.per_iter]
+            st = stretch(self._informative(op, hit))
+            if st is not None and (comm_start is None or st < comm_start):
+                comm_start, comm_nodes = st, list(pair)
+        if comm_start is not None:
+            starts.append(comm_start)
+        if not starts:
+            if k == 1 and max_start is None:
+                return self._persistent_within(op)
+            return None
+        first = min(starts)
+        return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
+
+    def _informative(self, op: SlowLevel, hit: list[bool]) -> list[bool | None]:
+        """``hit`` with None for the slow iterations that say nothing about the slow
+        groups of the hits: their window holds no round of any of them. A group that runs
+        once per iteration (a DP ring's gradient sync) and delays the iteration's end ends
+        its round next to the boundary between two windows of whole time bins, so some
+        windows hold two of its rounds and others none; a window without its round is no
+        evidence that it stopped being slow."""
+        keys = {(int(cg[0]), int(cg[1])) for sig, h in zip(op.per_iter, hit, strict=True)
+                if h and sig is not None and len(sig) > 3 for cg in sig[3]}
+        if not keys:
+            return list(hit)
+        a = self.timeline.pos(op.onset_pos)
+        out: list[bool | None] = []
+        for i, h in enumerate(hit):
+            if h or a + i >= len(self.timeline.iters):
+                out.append(h)
+                continue
+            _, t0, d = self.timeline.iters[a + i]
+            win = self._window(op, op.onset_pos + i, t0 + d)
+            w = self.stats.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
+            held = any(bool(np.any((w["cidx"] == cx) & (w["group"] == g))) for cx, g in keys)
+            out.append(False if held else None)
+        return out
+
+    def _persistent_within(self, op: SlowLevel) -> tuple[int, bool, list[str], list[int]] | None:
+        """A severe slow-down persists *within* its first slow iteration: when that
+        iteration lasted at least ``severe_iterations`` reference iterations, its two halves
+        are localized on their own and must name the same root (or the same slow link). A
+        pause fills one place of the iteration, a slow component all of it; waiting for a
+        second slow iteration would cost several healthy iterations' time."""
+        c = self.config
+        sig = op.per_iter[0]
+        a = self.timeline.pos(op.onset_pos)
+        _, t0, d = self.timeline.iters[a]
+        if not sig or d < c.severe_iterations * op.ref_iter_ns:
+            return None
+        full = self._window(op, op.onset_pos, t0 + d)
+        s = self.stats.shift
+        mid = (t0 + d // 2) >> s
+        halves = []
+        for lo, hi in ((full.lo, mid), (mid, full.hi)):
+            if hi - lo < 2:
+                return None
+            win = dataclasses.replace(full, lo=lo, hi=hi, win_ns=float((hi - lo) << s))
+            one = self.localizer.localize(win, op, light=True)
+            if not one["confident"]:
+                return None
+            halves.append(one["signature"])
+        if sig[2]:
+            top = sig[2][0]
+            if all(h[2] and h[2][0] == top for h in halves):
+                return 0, False, [], [top]
+            return None
+        if sig[0] and all(h[0] and h[1] == sig[1] for h in halves):
+            return 0, True, list(sig[1]), []
+        return None
+
+    def _refine(self, op: SlowLevel) -> list[Anomaly]:
+        """An open anomaly (the top level) whose later iterations add persistent evidence
+        (a second slow rank, the compute side of a mixed slow-down) is updated and reported
+        again with the same id (its lifecycle: open, updated, resolved)."""
+        # only what was there from the onset on: a fault that starts later is its own
+        found = self._persistent(op, max_start=op.first + 1)
+        if found is None or not op.signature:
+            return []
+        first, comm_ok, nodes, roots = found
+        old_comm, old_nodes, old_roots = op.signature
+        comm_ok = comm_ok or bool(old_comm)
+        nodes = list(old_nodes) if old_comm and old_nodes else nodes
+        roots = sorted(set(roots) | set(old_roots))
+        if comm_ok == bool(old_comm) and roots == sorted(old_roots):
+            return []
+        win = self._window(op, op.onset_pos + first, self.timeline.horizon)
+        if op.extra:  # the slow link is reported apart: refine the compute anomaly
+            loc = self.localizer.localize(win, op, roots=roots, comm=False)
+        else:
+            loc = self.localizer.localize(win, op, roots=roots, comm=comm_ok, force_comm=comm_ok)
+        if loc["cause"] == op.anomaly["cause"] and loc["ranks"] == op.anomaly["ranks"]:
+            op.signature = [comm_ok, nodes, roots]
+            return []
+        op.signature = [comm_ok, nodes, roots]
+        keep = {k: op.anomaly[k] for k in ("id", "start_ns", "detected_ns")}
+        op.anomaly.update({k: v for k, v in loc.items()
+                           if k not in INTERNAL_FIELDS})
+        op.anomaly.update(keep)
+        return [_anomaly(op.anomaly)]
+
+    def _drop(self, op: SlowLevel) -> None:
+        i = self.levels.index(op)
+        for _ in range(len(self.levels) - i):
+            self.levels.pop()
+            self.change.reject()
+
+    def _same(self, a: SlowLevel, loc: dict[str, Any]) -> bool:
+        return bool(a.signature) and _agree(a.signature, loc["signature"])
+
+    def _relief(self, ch: Change) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        _, t_end, _ = self.timeline.at(ch.index)
+        for _ in range(min(ch.closed, len(self.levels))):
+            op = self.levels.pop()
+            if op.state != "open":
+                if not self.levels:
+                    # never confirmed: its values stay in the healthy segment (as a reject)
+                    self.change.seg_start = op.seg_before
+                # the stretch was judged (no persistent root) and is over: a new onset must
+                # be new evidence, not the same transient burst proposed again
+                self.change.min_start = max(self.change.min_start, int(ch.index))
+                continue
+            a, b = self.timeline.pos(op.onset_pos), self.timeline.pos(ch.index)
+            durs = [d for _, _, d in self.timeline.iters[a:max(b, a + 1)]]
+            if durs and op.healthy_ns > 0:
+                op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
+            if op.anomaly.get("cause") != "communication" and op.anomaly.get("ranks") and \
+                    "gpu" not in op.anomaly:
+                # GPU samples are sparse: look at the whole anomaly once it is over
+                gpu = gpu_evidence(self.stats, list(op.anomaly["ranks"]),
+                                         self._window(op, op.onset_pos + op.first, int(t_end)))
+                if gpu:
+                    op.anomaly["gpu"] = gpu
+            op.anomaly["end_ns"] = max(int(t_end), int(op.anomaly["start_ns"]) + 1)
+            out.append(_anomaly(op.anomaly))
+            for other in op.extra:
+                other["slowdown"] = op.anomaly["slowdown"]
+                other["end_ns"] = max(int(t_end), int(other["start_ns"]) + 1)
+                out.append(_anomaly(other))
+        return out
+
+
+def _anomaly(d: dict[str, Any]) -> Anomaly:
+    return Anomaly.from_dict(dict(d))
+
+
+def _persistence_chance(probs: Sequence[float], hits: int) -> float:
+    """Probability that one given rank is among the named roots of at least ``hits`` of
+    the iterations by accident, when iteration ``i`` names each rank with probability
+    ``probs[i]`` (Poisson-binomial upper tail). A fail-slow keeps naming the same one or
+    two ranks; noise (pauses, longer sequences of a whole replica) names many ranks at
+    once, so two iterations that share one of their many roots are no evidence."""
+    dist = np.zeros(len(probs) + 1)
+    dist[0] = 1.0
+    for p in probs:
+        dist[1:] = dist[1:] * (1.0 - p) + dist[:-1] * p
+        dist[0] *= 1.0 - p
+    return float(dist[hits:].sum())
+
+
+def _agree(a: list[Any], b: list[Any]) -> bool:
+    """Two localization signatures ``[communication?, link nodes, compute roots]`` name the
+    same fault: the same kind of evidence and a common link or a common root rank."""
+    if bool(a[0]) != bool(b[0]):
+        return False
+    if a[0] and a[1] and b[1] and sorted(a[1]) != sorted(b[1]):
+        return False
+    if a[2] and b[2]:
+        # the strongest root of the part is a root of the whole
+        return b[2][0] in a[2]
+    return bool(a[0]) or not (a[2] or b[2])

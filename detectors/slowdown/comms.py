@@ -1,0 +1,172 @@
+"""Communicators of a job: their kinds inferred from membership and the parallel degrees
+(Megatron's rank layout), and the :class:`CommRegistry` that learns them from ``coll`` rows
+when the job meta does not list them (events.md)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from failslow.detectors.slowdown.config import SEND
+from failslow.events import Comm, JobMeta
+
+_DIMS = ("tp", "cp", "dp", "pp")
+
+
+def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False) -> str:
+    """The kind of a communicator from its members and the job's parallel degrees.
+
+    Ranks are laid out with one dimension varying fastest; we try Megatron's default
+    order (tp, cp, dp, pp) first, then the other orders, and take the first under which the
+    members differ in exactly one dimension and cover it. A communicator of the whole world
+    is ``world``; point-to-point-only communicators that fit no layout are ``pp``.
+    """
+    n = len(ranks)
+    if n == meta.world_size and n > 1:
+        return "world"
+    degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
+    arr = np.asarray(ranks, dtype=np.int64)
+    orders = [_DIMS, *[o for o in itertools.permutations(_DIMS) if o != _DIMS]]
+    for order in orders:
+        stride = 1
+        coords = {}
+        for dim in order:
+            coords[dim] = (arr // stride) % max(1, degrees[dim])
+            stride *= max(1, degrees[dim])
+        varying = [d for d in order if len(np.unique(coords[d])) > 1]
+        if len(varying) == 1 and degrees[varying[0]] == n:
+            return varying[0]
+        if len(varying) == 1 and p2p_only and n == 2:
+            return varying[0]
+    return "pp" if p2p_only else "other"
+
+
+def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:
+    """Communicators from ``coll`` rows (events.md: ``comms`` may be empty): members from
+    (comm, comm_rank, rank), kinds from membership and degrees."""
+    if coll.num_rows == 0:
+        return ()
+    t = pa.table({"comm": coll.column("comm"), "cr": coll.column("comm_rank"),
+                  "rank": coll.column("rank"), "op": coll.column("op")})
+    members = t.group_by(["comm", "cr", "rank"]).aggregate([]).sort_by(
+        [("comm", "ascending"), ("cr", "ascending")])
+    ops = t.group_by(["comm", "op"]).aggregate([])
+    p2p_comms: dict[int, bool] = {}
+    for c, op in zip(ops.column("comm").to_pylist(), ops.column("op").to_pylist(), strict=True):
+        p2p_comms[c] = p2p_comms.get(c, True) and op in ("send", "recv")
+    out: list[Comm] = []
+    comm_col = members.column("comm").to_numpy()
+    rank_col = members.column("rank").to_numpy()
+    uniq, starts = np.unique(comm_col, return_index=True)
+    bounds = [*starts.tolist(), len(comm_col)]
+    for i, c in enumerate(uniq.tolist()):
+        ranks = tuple(int(r) for r in rank_col[bounds[i]:bounds[i + 1]])
+        out.append(Comm(int(c), infer_comm_kind(ranks, meta, p2p_comms.get(c, False)), ranks))
+    return tuple(out)
+
+
+class CommRegistry:
+    """Communicator index, kind and members: from ``meta.comms``, else learned from rows."""
+
+    def __init__(self, meta: JobMeta) -> None:
+        self.meta = meta
+        self.ids: list[int] = []
+        self.kinds: list[str] = []
+        self.members: list[dict[int, int]] = []  # comm index -> {comm_rank: rank}
+        self.sizes: list[int] = []
+        self.p2p_only: list[bool] = []
+        self._index: dict[int, int] = {}
+        self._sorted: np.ndarray | None = None  # ids sorted, and their indices
+        self._sorted_idx = np.zeros(0, dtype=np.int64)
+        self._learning = True  # some communicator's members are still being learned
+        for c in meta.comms:
+            i = self._add(c.comm, len(c.ranks))
+            self.members[i] = dict(enumerate(c.ranks))
+            self.kinds[i] = c.kind
+            # a communicator the job meta declares is a collective group (a ring) unless
+            # it is a pipeline's
+            self.p2p_only[i] = c.kind == "pp"
+
+    def _add(self, comm: int, size: int) -> int:
+        i = len(self.ids)
+        self._index[comm] = i
+        self.ids.append(comm)
+        self.kinds.append("")
+        self.members.append({})
+        self.sizes.append(size)
+        self.p2p_only.append(True)
+        self._sorted = None
+        self._learning = True
+        return i
+
+    def index(self, comm: int) -> int:
+        return self._index[comm]
+
+    def kind(self, i: int) -> str:
+        return self.kinds[i] or "other"
+
+    def ranks(self, i: int) -> list[int]:
+        m = self.members[i]
+        return [m[k] for k in sorted(m)]
+
+    def observe(self, comm: np.ndarray, cr: np.ndarray, size: np.ndarray, rank: np.ndarray,
+                op: np.ndarray) -> np.ndarray:
+        """Register new communicators and members; return the comm index of every row."""
+        comm = np.asarray(comm, dtype=np.uint64)
+        pos, hit = self._find(comm)
+        if not hit.all():
+            uniq, first = np.unique(comm[~hit], return_index=True)
+            sizes = size[np.flatnonzero(~hit)[first]]
+            for c, sz in zip(uniq.tolist(), sizes.tolist(), strict=True):
+                self._add(c, int(sz))
+            pos, hit = self._find(comm)
+        rows_idx = self._sorted_idx[pos]
+        if self._learning:
+            idx = np.unique(rows_idx)
+            learning = np.array([not self.kinds[i] for i in idx.tolist()], dtype=bool)
+            self._learning = bool(learning.any())
+        else:
+            learning = np.zeros(0, dtype=bool)
+        if learning.any():
+            sel = np.isin(rows_idx, idx[learning])
+            key = np.unique(np.stack([rows_idx[sel], cr[sel], rank[sel],
+                                      (op[sel] < SEND).astype(np.int64)], axis=1), axis=0)
+            for i, c, r, coll in key.tolist():
+                self.members[i][c] = r
+                if coll:
+                    self.p2p_only[i] = False
+            for i in idx[learning].tolist():
+                if len(self.members[i]) >= self.sizes[i]:
+                    self.kinds[i] = infer_comm_kind(self.ranks(i), self.meta, self.p2p_only[i])
+            self._learning = True
+        return rows_idx
+
+    def _find(self, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of ``comm`` values in the sorted communicator ids, and which are known."""
+        if self._sorted is None:
+            ids = np.array(self.ids, dtype=np.uint64)
+            o = np.argsort(ids, kind="stable")
+            self._sorted, self._sorted_idx = ids[o], o.astype(np.int64)
+        if len(self._sorted) == 0:
+            return np.zeros(len(comm), dtype=np.int64), np.zeros(len(comm), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._sorted, comm), len(self._sorted) - 1)
+        return pos, self._sorted[pos] == comm
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"ids": list(self.ids), "kinds": list(self.kinds),
+                "members": [[[c, r] for c, r in sorted(m.items())] for m in self.members],
+                "sizes": list(self.sizes), "p2p_only": list(self.p2p_only)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ids = [int(x) for x in state["ids"]]
+        self.kinds = [str(x) for x in state["kinds"]]
+        self.members = [{int(c): int(r) for c, r in m} for m in state["members"]]
+        self.sizes = [int(x) for x in state["sizes"]]
+        self.p2p_only = [bool(x) for x in state["p2p_only"]]
+        self._index = {c: i for i, c in enumerate(self.ids)}
+        self._sorted = None
+        self._learning = True

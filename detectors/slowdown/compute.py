@@ -1,0 +1,211 @@
+"""The computation side of localization (MEGATRACE §III-B/C, CCL-D §4.2): ranks whose own
+compute per iteration grew (the gaps between their operations), the wait-for graph of
+excess waits, whether slow groups are a side effect of compute roots, the pipeline pass
+(forward / backward) that grew, and GPU throttling (Greyhound's thermal case)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from failslow.detectors.iterations import _group_starts
+from failslow.detectors.slowdown.accounting import BinnedStats
+from failslow.detectors.slowdown.bins import BinTable, _aggregate, _lookup
+from failslow.detectors.slowdown.config import SlowdownConfig
+from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, PASS_BWD, PASS_FWD
+from failslow.detectors.slowdown.levels import Window
+from failslow.detectors.slowdown.wait_graph import WaitGraph
+
+
+def excess_rates(table: BinTable, value: str, by: tuple[str, ...], win: Window
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per key of ``by``: rate of ``value`` in the window minus the baseline rate. The
+    window leaves out each key's largest bin when it spans several iterations: a
+    pause (GC) fills one bin, a straggler all of them."""
+    w = table.query(win.lo, win.hi, ("bin", *by))
+    by_key = _aggregate({**{k: w[k] for k in by}, value: w[value], "m": w[value]}, by,
+                        (value,), "m", ())
+    drop = by_key["m"] if win.iterations >= 2.5 else 0.0
+    b = table.query(win.b_lo, win.b_hi, by)
+    both = {k: np.concatenate([by_key[k], b[k]]) for k in by}
+    both["v"] = np.concatenate([(by_key[value] - drop) / win.win_ns,
+                                -b[value] / win.base_ns])
+    agg = _aggregate(both, by, ("v",), None, ())
+    return {k: agg[k] for k in by}, agg["v"]
+
+
+def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per rank, how much its own compute per iteration (the gaps between its
+    operations) grew, as a share of the time lost per iteration; None without gap data.
+    Each rank's largest time bin is left out of both windows: a pause (GC) fills one
+    bin, a slow rank all of them."""
+    w = stats.comp.query(win.lo, win.hi, ("bin", "rank"))
+    if len(w["rank"]) == 0:
+        return None
+    b = stats.comp.query(win.b_lo, win.b_hi, ("bin", "rank"))
+    bin_ns = float(1 << stats.shift)
+    rw, tw = _trimmed(w["rank"], w["d"])
+    rb, tb = _trimmed(b["rank"], b["d"])
+    rate_w = tw / max(win.win_ns - bin_ns, bin_ns)
+    rate_b = _lookup(rw, rb, tb) / max(win.base_ns - bin_ns, bin_ns)
+    has_b = _lookup(rw, rb, np.ones(len(rb))) > 0
+    lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
+    excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
+                      0.0)
+    return rw, excess
+
+
+def compute_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
+                  graph: WaitGraph | None = None) -> list[int] | None:
+    """Ranks whose own compute per iteration grew (:func:`compute_excess`) by at least
+    ``compute_share`` of the time lost per iteration and by at least ``compute_top`` of
+    the largest such growth, strongest first; ``[]`` when no rank did; None when the
+    gaps say nothing (no gap data, or so many ranks qualify that waiting shows in the
+    gaps: hosts that block outside the library calls). With the wait-for ``graph``, a
+    root must also be waited on more than before by its peers in some round: a host
+    that blocks outside the library (an implicit barrier, a device synchronization) has
+    longer gaps without making anyone wait (CCL-D: the slow rank is the one that enters
+    last)."""
+    c = config
+    got = compute_excess(stats, win)
+    if got is None:
+        return None
+    rw, excess = got
+    if graph is not None and graph.in_by:
+        waited = np.array([sum(graph.in_by.get(int(r), {}).values()) for r in rw])
+        excess = np.where(waited > c.waited_share * win.lost, excess, 0.0)
+    top = float(excess.max())
+    hit = (excess >= c.compute_share) & (excess >= c.compute_top * top)
+    n = int(hit.sum())
+    if n == 0:
+        return []
+    if n > c.max_roots:
+        return None
+    order = np.argsort(-excess[hit], kind="stable")
+    return [int(r) for r in rw[hit][order]]
+
+
+def explained_by(stats: BinnedStats, config: SlowdownConfig, win: Window, roots: list[int],
+                 slow: list[dict[str, Any]]) -> bool:
+    """Are the slow groups a side effect of the compute roots? When the roots' own
+    extra compute accounts for the time lost and every slow group has an end among
+    the roots or the ranks that share a communicator with them (their transfers end
+    late because the roots' neighbours wait for them: batched point-to-point calls,
+    hosts that complete calls late), the slow-down is computation, not also a link."""
+    if not roots or not slow:
+        return False
+    got = compute_excess(stats, win)
+    if got is None:
+        return False
+    rw, excess = got
+    share = float(excess[np.isin(rw, roots)].sum())
+    if share < config.explained_share:
+        return False
+    near = set(roots)
+    for i in range(len(stats.registry.ids)):
+        ranks = stats.registry.ranks(i)
+        if near.intersection(ranks) and set(roots) & set(ranks):
+            near.update(ranks)
+    return all(set(g["ranks"]) & near for g in slow)
+
+
+def wait_graph(stats: BinnedStats, win: Window) -> WaitGraph:
+    """The wait-for graph of ``win``: excess waits over the reference window."""
+    ok, ov = excess_rates(stats.out_w, "w", ("rank", "cidx"), win)
+    ik, iv = excess_rates(stats.in_w, "w", ("cidx", "waitee"), win)
+    return WaitGraph(stats.registry, ok["rank"], ok["cidx"], ov, ik["cidx"], ik["waitee"], iv)
+
+
+def compute_stage(stats: BinnedStats, ranks: list[int], win: Window) -> str | None:
+    """``forward`` or ``backward`` when only that pass of the root ranks' compute grew
+    (by more than 10%, the other by less than 5%), from framework spans when the trace
+    has them, else from the gaps placed in the pipeline schedule (:class:`GapTracker`);
+    None when both grew or neither is known."""
+    if not ranks:
+        return None
+    if len(stats.spans):
+        w = stats.spans.query(win.lo, win.hi, ("rank", "op"))
+        b = stats.spans.query(win.b_lo, win.b_hi, ("rank", "op"))
+        ratio = {}
+        for code in (0, 1):
+            sw = np.isin(w["rank"], ranks) & (w["op"] == code)
+            sb = np.isin(b["rank"], ranks) & (b["op"] == code)
+            if w["n"][sw].sum() == 0 or b["n"][sb].sum() == 0:
+                return None
+            ratio[code] = ((w["d"][sw].sum() / w["n"][sw].sum())
+                           / (b["d"][sb].sum() / b["n"][sb].sum()))
+        return _stage_of(ratio[0], ratio[1])
+    if len(stats.passes) == 0:
+        return None
+    k = PASS_BIN_SHIFT
+    lo, hi = win.lo >> k, max(win.hi >> k, (win.lo >> k) + 1)
+    b_lo, b_hi = win.b_lo >> k, max(win.b_hi >> k, (win.b_lo >> k) + 1)
+    if b_hi > lo:
+        b_hi = lo
+    if b_hi <= b_lo:
+        return None
+    w = stats.passes.query(lo, hi, ("rank", "pass"))
+    b = stats.passes.query(b_lo, b_hi, ("rank", "pass"))
+    sums = {}
+    for code in (PASS_FWD, PASS_BWD):
+        sw = np.isin(w["rank"], ranks) & (w["pass"] == code)
+        sb = np.isin(b["rank"], ranks) & (b["pass"] == code)
+        if not sw.any() or not sb.any():
+            return None
+        sums[code] = (float(w["d"][sw].sum()), float(b["d"][sb].sum()))
+    # the passes measured over the same windows: how much more one grew than the other
+    (fw, fb), (bw, bb) = sums[PASS_FWD], sums[PASS_BWD]
+    if min(fw, fb, bw, bb) <= 0:
+        return None
+    r = (fw / bw) / (fb / bb)
+    if r > 1.10:
+        return "forward"
+    if r < 1 / 1.10:
+        return "backward"
+    return None
+
+
+def gpu_evidence(stats: BinnedStats, ranks: list[int], win: Window) -> dict[str, Any] | None:
+    """Greyhound's thermal case: the root ranks' GPUs throttled (NVML clocks-event
+    reasons) or lost SM clock in the window, compared with the reference window."""
+    if len(stats.gpu) == 0:
+        return None
+    w = stats.gpu.query(win.lo, win.hi, ("rank",))
+    b = stats.gpu.query(win.b_lo, win.b_hi, ("rank",))
+    out = []
+    for r in ranks:
+        sw, sb = w["rank"] == r, b["rank"] == r
+        if not sw.any():
+            continue
+        n = float(w["n"][sw].sum())
+        clock = float(w["sm"][sw].sum()) / n
+        throttled = float(w["thr"][sw].sum()) / n
+        base_clock = float(b["sm"][sb].sum() / b["n"][sb].sum()) if sb.any() else None
+        drop = base_clock is not None and clock < 0.9 * base_clock
+        if throttled >= 0.5 or drop:
+            out.append({"rank": int(r), "sm_clock_mhz": round(clock, 1),
+                        "baseline_sm_clock_mhz": None if base_clock is None
+                        else round(base_clock, 1), "throttled": round(throttled, 3)})
+    return {"throttling": out} if out else None
+
+
+def _stage_of(fwd: float, bwd: float) -> str | None:
+    """The pass whose compute grew alone: by more than 10%, the other by less than 5%."""
+    if fwd > 1.10 and bwd < 1.05:
+        return "forward"
+    if bwd > 1.10 and fwd < 1.05:
+        return "backward"
+    return None
+
+
+def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per key (sorted unique keys): the sum of its values without the largest one."""
+    if len(keys) == 0:
+        return keys, np.zeros(0)
+    order = np.lexsort((values, keys))
+    k, v = keys[order], values[order].astype(np.float64)
+    starts = _group_starts(k)
+    sums = np.add.reduceat(v, starts)
+    last = np.append(starts[1:], len(k)) - 1
+    return k[starts], sums - v[last]

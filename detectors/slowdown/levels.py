@@ -1,0 +1,57 @@
+"""A slow level of the change tracker and the anomaly it may become (:class:`SlowLevel`),
+and the analysis window of a localization against its reference window (:class:`Window`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Window:
+    """An anomaly window and its reference window (bins ``[lo, hi)`` and ``[b_lo, b_hi)``),
+    their lengths (ns), the iteration times in each, and the fraction of wall time the
+    slow-down costs (``lost = 1 - ref_iter / iter``)."""
+
+    lo: int
+    hi: int
+    b_lo: int
+    b_hi: int
+    win_ns: float
+    base_ns: float
+    iter_ns: float
+    ref_iter_ns: float
+
+    @property
+    def lost(self) -> float:
+        return max(1.0 - self.ref_iter_ns / max(self.iter_ns, 1.0), 1e-3)
+
+    @property
+    def iterations(self) -> float:
+        return max(self.win_ns / max(self.iter_ns, 1.0), 1e-3)
+
+    @property
+    def ref_iterations(self) -> float:
+        return max(self.base_ns / max(self.ref_iter_ns, 1.0), 1e-3)
+
+
+@dataclass
+class SlowLevel:
+    """A slow level of the change tracker and the anomaly it may become (internal).
+    ``state``: ``pending`` (not yet localized with confidence), ``open`` (reported)."""
+
+    anomaly: dict[str, Any]
+    onset_pos: int
+    ref_lo_ns: int  # reference window: [ref_lo_ns, start of the onset iteration)
+    ref_iter_ns: float  # iteration time of the level below
+    healthy_ns: float  # the job's healthy iteration time
+    state: str = "pending"
+    tries: int = 0
+    signature: list[Any] = field(default_factory=list)
+    seg_before: int = 0  # the change tracker's healthy segment start before this onset
+    per_iter: list[Any] = field(default_factory=list)  # per slow iteration: its signature
+    first: int = 0  # the first slow iteration (from the onset) of the persistent root
+    # a slow link found with compute roots that are none of its ends' groups: a second,
+    # independent fault over the same level, reported as its own anomaly (the communication
+    # one; ``anomaly`` is then the compute one)
+    extra: list[dict[str, Any]] = field(default_factory=list)

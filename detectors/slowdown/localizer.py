@@ -1,0 +1,183 @@
+"""Localization of a slow-down window against its reference window (CCL-D §4.2, Greyhound
+§4.3, MEGATRACE §III): communication (slow groups, degraded links, :mod:`.communication`),
+computation (ranks whose own compute grew, else the sinks of the wait-for graph,
+:mod:`.compute`), or both; CCL-D's ``R`` and ``P`` (:mod:`.attribution`) for the
+communicator that shows the anomaly, and the onset within the time bins."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from failslow.detectors.slowdown.accounting import BinnedStats
+from failslow.detectors.slowdown.attribution import rp
+from failslow.detectors.slowdown.communication import TransferNoise, find_link, slow_groups
+from failslow.detectors.slowdown.compute import (
+    compute_roots,
+    compute_stage,
+    explained_by,
+    gpu_evidence,
+    wait_graph,
+)
+from failslow.detectors.slowdown.config import KIND_STAGE, SlowdownConfig
+from failslow.detectors.slowdown.levels import SlowLevel, Window
+from failslow.detectors.slowdown.timeline import IterationTimeline
+
+#: localization outputs that are no anomaly fields
+INTERNAL_FIELDS = ("confident", "signature", "evidence", "groups", "independent")
+
+
+class Localizer:
+    """Root cause of the slow-down in a window (:meth:`localize`) from the binned
+    statistics of the job; ``evidence`` keeps the latest localization's evidence
+    (debugging)."""
+
+    def __init__(self, config: SlowdownConfig, stats: BinnedStats,
+                 timeline: IterationTimeline) -> None:
+        self.config = config
+        self.stats = stats
+        self.timeline = timeline
+        self.evidence: dict[str, Any] = {}
+        # per-group transfer noise of the latest reference window
+        self.noise = TransferNoise()
+
+    def localize(self, win: Window, op: SlowLevel | None = None, light: bool = False,
+                 roots: list[int] | None = None, comm: bool = True,
+                 force_comm: bool = False) -> dict[str, Any]:
+        """Root cause of the slow-down in ``win`` against its reference window:
+        communication (slow groups, degraded links), computation (ranks whose own compute
+        grew, else the sinks of the wait-for graph), or both (module docstring)."""
+        c = self.config
+        stats = self.stats
+        slow = slow_groups(stats, c, win, self.noise, force_comm) if comm else []
+        graph = wait_graph(stats, win)
+        comp = roots if roots is not None else compute_roots(stats, c, win, graph)
+        comm_evidence = bool(slow)
+        members: set[int] = set()
+        for g in slow:
+            members.update(g["ranks"])
+        if comp is not None:
+            roots = comp
+        else:
+            roots = graph.roots(c.wait_share * win.lost, c.root_asym * win.lost,
+                                keep_top=not comm_evidence)
+            # with a slow link, a rank found by the wait graph is a compute root only when
+            # its peers on slow groups too still wait on it
+            roots = [r for r in roots if r not in members
+                     or graph.peer_wait(r, members, {g["cidx"] for g in slow})
+                     >= c.mixed_share * win.lost]
+        if comm_evidence and roots and explained_by(stats, c, win, list(roots), slow):
+            slow, comm_evidence = [], False
+        members = {r for g in slow for r in g["ranks"]}
+        self.evidence = {"window": win, "slow_groups": slow, "compute": comp,
+                         "graph": graph, "roots": roots,
+                         "compute_source": "gaps" if comp is not None else "waits"}
+        out: dict[str, Any] = {"confident": bool(comm_evidence or roots)}
+        if comm_evidence and roots:
+            cause = "mixed"
+        elif comm_evidence:
+            cause = "communication"
+        else:
+            cause = "compute"
+            if not roots:
+                roots = graph.fallback_root()
+        out["cause"] = cause
+        link = None
+        nodes: list[str] = []
+        rp_cidx = -1
+        if comm_evidence:
+            link, nodes, rp_cidx, occupancy = find_link(stats, c, win, slow)
+            if occupancy is not None:
+                self.evidence["occupancy"] = occupancy
+        out["link"] = link
+        ranks = (sorted(link) if link else []) if cause == "communication" else sorted(roots)
+        out["ranks"] = [int(r) for r in ranks]
+        sig_ranks = [int(r) for r in roots] if cause != "communication" else []
+        # the link's identity: its node pair when it joins two nodes, else (all ranks on one
+        # host, or node names unknown) its two ranks
+        ident = sorted(nodes) if len(set(nodes)) == 2 else [str(r) for r in sorted(link or [])]
+        out["signature"] = [cause != "compute", ident, sig_ranks]
+        out["groups"] = [[int(g["cidx"]), int(g["group"])] for g in slow]
+        # mixed (CCL-D S3) is one rank whose own transfers are slow too; compute roots
+        # outside every slow group are a fault of their own next to the slow link
+        out["independent"] = cause == "mixed" and not members.intersection(roots)
+        if light:
+            return out
+        if cause in ("communication", "mixed") and rp_cidx >= 0:
+            kind = stats.registry.kind(rp_cidx)
+            out["comm"], out["comm_kind"] = stats.registry.ids[rp_cidx], kind
+            out["stage"] = KIND_STAGE.get(kind, "other")
+        else:
+            rp_cidx = graph.top_comm(ranks[0]) if ranks else -1
+            if rp_cidx >= 0:
+                out["comm"] = stats.registry.ids[rp_cidx]
+                out["comm_kind"] = stats.registry.kind(rp_cidx)
+            else:
+                out["comm"] = out["comm_kind"] = None
+            out["stage"] = compute_stage(stats, ranks, win)
+        rp_win = win
+        if op is not None:
+            out["start_ns"] = self._refine_start(op, win, slow, ranks if cause !=
+                                                 "communication" else [])
+            # R and P over the rounds from the anomaly's start on: rounds of the onset
+            # iteration that ended before it are healthy and would dilute both
+            rp_win = dataclasses.replace(win, lo=min(max(win.lo, out["start_ns"] >> stats.shift),
+                                                     win.hi - 1))
+        r_val, p_val = rp(stats, rp_cidx, rp_win, link if cause != "compute" else ranks[:1]) \
+            if rp_cidx >= 0 else (None, None)
+        out["R"], out["P"] = r_val, p_val
+        if cause != "communication" and ranks:
+            gpu = gpu_evidence(stats, ranks, win)
+            if gpu:
+                out["gpu"] = gpu
+        return out
+
+    def _refine_start(self, op: SlowLevel, win: Window, slow: list[dict[str, Any]],
+                      roots: list[int]) -> int:
+        """The onset within the time bins: the first bin, from one iteration before the
+        onset iteration, where the root's compute (or, without gap data, the wait it
+        receives) or the slow group's mean transfer time exceeds every bin of the reference
+        window."""
+        s = self.stats.shift
+        start_ns = int(op.anomaly["start_ns"])
+        first = (start_ns - int(op.ref_iter_ns)) >> s
+        found: list[int] = []
+        if roots:
+            d = self.stats.comp.data
+            sel = np.isin(d["rank"], roots)
+            vals = d["d"][sel]
+            if not sel.any():
+                d = self.stats.in_w.data
+                sel = np.isin(d["waitee"], roots)
+                vals = d["w"][sel]
+            ub, inv = np.unique(d["bin"][sel], return_inverse=True)
+            total = np.bincount(inv.reshape(-1), vals, minlength=len(ub))
+            b = _first_above(ub, total, win.b_lo, min(win.b_hi, first), first, win.hi)
+            if b is not None:
+                found.append(b)
+        if slow:
+            g = slow[0]
+            d = self.stats.grp.data
+            sel = (d["cidx"] == g["cidx"]) & (d["group"] == g["group"])
+            bins, xfer, n = d["bin"][sel], d["xfer"][sel], d["n"][sel]
+            if len(bins):
+                ub, inv = np.unique(bins, return_inverse=True)
+                inv = inv.reshape(-1)
+                mean = np.bincount(inv, xfer) / np.maximum(np.bincount(inv, n), 1)
+                b = _first_above(ub, mean, win.b_lo, min(win.b_hi, first), first, win.hi)
+                if b is not None:
+                    found.append(b)
+        if not found:
+            return start_ns
+        return int(min(min(found) << s, self.timeline.horizon - 1))
+
+
+def _first_above(bins: np.ndarray, values: np.ndarray, b_lo: int, b_hi: int, lo: int,
+                 hi: int) -> int | None:
+    """The first bin in ``[lo, hi)`` whose value exceeds every bin of ``[b_lo, b_hi)``."""
+    base = values[(bins >= b_lo) & (bins < b_hi)]
+    limit = float(base.max()) if len(base) else 0.0
+    sel = (bins >= lo) & (bins < hi) & (values > limit)
+    return int(bins[sel].min()) if sel.any() else None
