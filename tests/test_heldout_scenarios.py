@@ -1,5 +1,5 @@
 """Held-out scenarios (issue 3, last floor; issue 4, last floor): traces from an independent
-generator (``tests/heldout_gen.py``, not built on ``failslow.simulator``) run through
+generator (``failslow.bench.heldout``, not built on ``failslow.simulator``) run through
 ``failslow analyze`` and scored against their known truth.
 
 The generator varies what the simulator does not: ring collectives timed hop by hop with
@@ -25,10 +25,8 @@ from typing import Any
 import pytest
 
 from failslow.analyze import analyze
+from failslow.bench import heldout as hg
 from failslow.tracedir import TraceDir
-
-sys.path.insert(0, str(Path(__file__).parent))
-import heldout_gen as hg  # noqa: E402
 
 SCENARIOS = hg.scenarios()
 

@@ -1,5 +1,5 @@
 """Held-out slow-downs the slow-down detector used to get wrong (issue 3, helper G's
-findings), on traces of the independent generator ``tests/heldout_gen.py``:
+findings), on traces of the independent generator ``failslow.bench.heldout``:
 
 * a DP ring slowed by one hop whose gradient sync ends next to the boundary between two
   iterations' windows of whole time bins (CCL-D §4.2: the anomaly window is time bins);
@@ -12,16 +12,13 @@ findings), on traces of the independent generator ``tests/heldout_gen.py``:
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
 from failslow.analyze import analyze
+from failslow.bench import heldout as hg
 from failslow.detectors.slowdown import CommRegistry
 from failslow.events import Comm, JobMeta
-
-sys.path.insert(0, str(Path(__file__).parent))
-import heldout_gen as hg  # noqa: E402
 
 SCENARIOS = hg.scenarios()
 

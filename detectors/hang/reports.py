@@ -184,10 +184,10 @@ class Reporter:
                 row["seq"] = rnd[2]
             found.append(row)
         found.sort(key=lambda r: r["t_enter"])
-        first: dict[int, dict[str, Any]] = {}
+        per_comm: dict[int, dict[str, Any]] = {}
         for row in found:  # one per communicator: where its members stopped
-            first.setdefault(row["comm"], row)
-        return list(first.values())[:det.config.max_listed_victims]
+            per_comm.setdefault(row["comm"], row)
+        return list(per_comm.values())[:det.config.max_listed_victims]
 
     def _report_not_entered(self, roots: list[int], rounds: set[tuple[Any, ...]]) -> Anomaly:
         """H1: the members that never entered the round are the root (CCL-D §4.2.2)."""

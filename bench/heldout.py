@@ -775,15 +775,15 @@ def _links(
     grid = t_lo + period * np.arange(1, int((horizon - t_lo) // period) + 1)
     for (a, pn), xfers in qp.items():
         arr = np.array(xfers)
-        s0, s1, sh, vol = arr[:, 0:1], arr[:, 1:2], arr[:, 2:3], arr[:, 3:4]
-        frac, broken = arr[:, 4:5], arr[:, 5:6]
-        wr = np.ceil(vol / chunk)
-        done = frac * np.clip((grid[None, :] - s0) / np.maximum(s1 - s0, 1.0), 0, 1)
-        post = np.clip((grid[None, :] - s0) / np.maximum(sh - s0, 1.0), 0, 1)
-        post = np.where(broken > 0, np.maximum(post, done), np.where(frac < 1, done, post))
+        a_s0, a_s1, a_sh, a_vol = arr[:, 0:1], arr[:, 1:2], arr[:, 2:3], arr[:, 3:4]
+        a_frac, a_broken = arr[:, 4:5], arr[:, 5:6]
+        wr = np.ceil(a_vol / chunk)
+        done = a_frac * np.clip((grid[None, :] - a_s0) / np.maximum(a_s1 - a_s0, 1.0), 0, 1)
+        post = np.clip((grid[None, :] - a_s0) / np.maximum(a_sh - a_s0, 1.0), 0, 1)
+        post = np.where(a_broken > 0, np.maximum(post, done), np.where(a_frac < 1, done, post))
         posted = (post * wr).sum(axis=0)
         completed = np.minimum((done * wr).sum(axis=0), posted)
-        nbytes = (done * vol).sum(axis=0)
+        nbytes = (done * a_vol).sum(axis=0)
         n = lay.node[a]
         k = len(grid)
         cols["node"] += [lay.node_names[n]] * k
