@@ -176,12 +176,13 @@ class KafkaTransport(Transport):
         self._pending_bytes = 0
         self._pending = 0
         self._counts = {"sent": 0, "dropped": 0, "errors": 0, "bytes_sent": 0, "polled": 0,
-                        "commits": 0, "commit_errors": 0}
+                        "commits": 0, "commit_errors": 0, "blocked": 0, "joins": 0}
         self._last_error: str | None = None
         self._producer: Any = None
         self._consumer: Any = None
         self._topics_ready = False
         self._topics_lock = threading.Lock()
+        self._next_missing_check = 0.0
         self._closed = threading.Event()
         self._connector: threading.Thread | None = None
         if produce:
@@ -308,6 +309,7 @@ class KafkaTransport(Transport):
                              f"{self.max_message_bytes} (publish() splits tables)")
         deadline = time.monotonic() + self.max_block_ms / 1000
         with self._lock:
+            waited = False
             while True:
                 ready = self._producer is not None
                 room = self._pending_bytes + size <= self.buffer_memory
@@ -319,6 +321,9 @@ class KafkaTransport(Transport):
                 if left <= 0 or (ready and self.on_full == "drop") or self._closed.is_set():
                     self._counts["dropped"] += 1
                     return -1
+                if not waited:
+                    waited = True
+                    self._counts["blocked"] += 1
                 self._lock.wait(left)
             self._pending_bytes += size
             self._pending += 1
@@ -396,9 +401,11 @@ class KafkaTransport(Transport):
 
     def stats(self) -> dict[str, Any]:
         """Counters: ``sent`` (acknowledged), ``dropped`` (not queued: buffer full or broker
-        not reached), ``errors`` (queued but not delivered), ``pending`` and
+        not reached), ``errors`` (queued but not delivered), ``blocked`` (calls of
+        :meth:`produce` that waited for room or the connection), ``pending`` and
         ``pending_bytes`` (awaiting acknowledgement), ``bytes_sent``, ``polled``,
-        ``commits``, ``commit_errors``, ``connected``, ``last_error``."""
+        ``commits``, ``commit_errors``, ``joins`` (consumer group joins completed, with or
+        without partitions), ``connected``, ``last_error``."""
         with self._lock:
             return {**self._counts, "pending": self._pending,
                     "pending_bytes": self._pending_bytes,
@@ -422,18 +429,51 @@ class KafkaTransport(Transport):
                 reconnect_backoff_max_ms=1000, fetch_max_wait_ms=100,
                 max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20,
                 partition_assignment_strategy=[RangePartitionAssignor],
+                # topics are made by ensure_topics (with ``partitions`` partitions), not by
+                # the broker's auto-creation (its default count) when the consumer asks
+                allow_auto_create_topics=False,
                 # a topic whose metadata had not reached this client when the group was
                 # joined gets its partitions at the next refresh (and rebalance): seconds,
-                # not kafka-python's default five minutes
+                # not kafka-python's default five minutes (see also _refresh_missing)
                 **{"metadata_max_age_ms": 5000, **self._consumer_config})
         except Exception as e:  # noqa: BLE001 - broker not there: poll returns nothing
             self._note_error(f"consumer: {e}")
             log.warning("kafka consumer cannot connect to %s: %s", self.bootstrap_servers, e)
             return None
+        # kafka-python 3.0 does not hand allow_auto_create_topics to its metadata: without
+        # this, subscribing to topics that do not exist yet creates them with the broker's
+        # default partition count (1), and ensure_topics then leaves them so
+        cluster_config = getattr(getattr(consumer, "_cluster", None), "config", None)
+        if isinstance(cluster_config, dict):
+            cluster_config["allow_auto_create_topics"] = False
         consumer.subscribe([self.kafka_topic(t) for t in self._subscribed],
                            listener=self._rebalance_listener())
         self._consumer = consumer
         return consumer
+
+    #: While a subscribed topic is unknown to the consumer's metadata, it is asked for again
+    #: this often (seconds).
+    missing_topic_refresh_s = 1.0
+
+    def _refresh_missing(self, consumer: Any) -> None:
+        """A consumer that joined its group before its topics existed was assigned no
+        partitions of them; kafka-python rebalances when its metadata shows them, which it
+        refreshes only every ``metadata_max_age_ms``. While a subscribed topic is missing,
+        ask for the metadata every ``missing_topic_refresh_s`` instead, so the partitions are
+        assigned within about a second of the topic's creation."""
+        now = time.monotonic()
+        if now < self._next_missing_check:
+            return
+        self._next_missing_check = now + self.missing_topic_refresh_s
+        try:
+            cluster = consumer._cluster  # kafka-python's metadata
+            missing = [name for name in (self.kafka_topic(t) for t in self._subscribed)
+                       if not cluster.partitions_for_topic(name)]
+            if missing:
+                log.debug("kafka topics not there yet: %s; asking again", missing)
+                cluster.request_update()
+        except Exception as e:  # noqa: BLE001 - internals changed: the periodic refresh
+            log.debug("kafka metadata refresh not requested: %s", e)
 
     def _rebalance_listener(self) -> Any:
         """kafka-python 3 calls rebalance listeners on its network thread, where nothing
@@ -466,6 +506,8 @@ class KafkaTransport(Transport):
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 numbers = {int(tp.partition) for tp in assigned}
                 log.info("kafka partitions assigned: %s", sorted(numbers))
+                with transport._lock:
+                    transport._counts["joins"] += 1
                 if transport._paused and transport._consumer is not None:
                     transport._consumer.pause(*assigned)  # stay paused across a rebalance
                 if numbers:
@@ -516,6 +558,7 @@ class KafkaTransport(Transport):
         consumer = self._consumer_or_none(int(timeout * 1000))
         if consumer is None:
             return []
+        self._refresh_missing(consumer)
         self._dispatch_changes()
         left_ms = max(0, int((timeout - (time.monotonic() - started)) * 1000))
         records = consumer.poll(timeout_ms=left_ms, max_records=max_messages)

@@ -80,6 +80,13 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}."
 
 
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 def test_roundtrip_identical_rows_keys_headers(broker: Broker) -> None:
     pfx = prefix()
     jobs = ["job-a", "job.b_2"]
@@ -150,6 +157,68 @@ def test_messages_are_zstd_compressed_arrow_and_decode_unchanged(broker: Broker)
     assert decode(got)[1].equals(table)
 
 
+def _kafka_topics(broker: Broker) -> dict[str, int]:
+    """Every topic of the broker with its partition count (asked with an admin client, which
+    creates nothing)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="test-admin")
+    try:
+        return {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
+    finally:
+        admin.close()
+
+
+#: A consumer that joined its group before its topics existed gets their partitions and
+#: their messages within this many seconds of their creation.
+SUBSCRIBE_BEFORE_CREATE_S = 10.0
+
+
+def test_consumer_started_before_its_topics_exist_consumes_soon_after_they_are_created(
+        broker: Broker) -> None:
+    """The processor's case on a fresh cluster: it joins its group while the topics are not
+    there yet (so it is assigned nothing), then someone creates them and publishes."""
+    pfx = prefix()
+    consumer = transport(broker, topic_prefix=pfx, produce=False, create_topics=False,
+                         partitions=4)
+    try:
+        # join the group with no topic there: the join completes with no partitions
+        deadline = time.monotonic() + 60
+        while consumer.stats()["joins"] == 0:
+            assert time.monotonic() < deadline, "the consumer never joined its group"
+            assert consumer.poll(10, timeout=0.5) == []
+        for _ in range(3):  # and stays so: subscribing creates no topic
+            assert consumer.poll(10, timeout=0.2) == []
+        assert not [t for t in _kafka_topics(broker) if t.startswith(pfx)]
+        joined = consumer.stats()["joins"]
+
+        with transport(broker, topic_prefix=pfx, subscribe=(), partitions=4) as producer:
+            assert producer.ensure_topics()  # now they exist, with 4 partitions each
+            created = time.monotonic()
+            assert producer.wait_connected(20)
+            jobs = [f"job-{i}" for i in range(8)]  # keyed over (very likely) every partition
+            for i, job in enumerate(jobs):
+                producer.publish(COLL, job, sim_coll(job, 1, ranks=2, seed=i))
+            assert producer.flush(20)
+
+            got: list[Message] = []
+            polls = 0
+            while len(got) < len(jobs):
+                waited = time.monotonic() - created
+                assert waited < SUBSCRIBE_BEFORE_CREATE_S, (
+                    f"{len(got)} of {len(jobs)} messages {waited:.1f} s after the topics "
+                    f"were created ({polls} polls, joins {consumer.stats()['joins']})")
+                got += consumer.poll(100, timeout=0.2)
+                polls += 1
+        assert sorted(m.key for m in got) == jobs
+        assert consumer.stats()["joins"] > joined  # rebalanced onto the new partitions
+        parts = _kafka_topics(broker)
+        assert parts[pfx + COLL] == 4  # made by ensure_topics, not by the consumer's asking
+        assert {m.partition for m in got} <= set(range(4))
+    finally:
+        consumer.close()
+
+
 def test_offsets_commit_only_on_commit(broker: Broker) -> None:
     pfx, group = prefix(), f"g-{uuid.uuid4().hex[:8]}"
     with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group) as tr:
@@ -161,21 +230,22 @@ def test_offsets_commit_only_on_commit(broker: Broker) -> None:
         assert [m.offset for m in first] == [0, 1, 2, 3, 4]
         # closed without commit()
 
+    # a linger far longer than the commit's flush timeout (30 s): only a flush that commit()
+    # forces gets the report acknowledged
     with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group,
-                   linger_ms=5000) as again:
+                   linger_ms=600_000, delivery_timeout_ms=900_000) as again:
         assert again.wait_connected(20)
         reread = consume(again, 5)
         assert [m.offset for m in reread] == [0, 1, 2, 3, 4]
         assert [m.value for m in reread] == [m.value for m in first]
         # As the processor does: publish a report, then commit the input. The commit waits
-        # for the report's acknowledgement (not for the 5 s linger).
+        # for the report's acknowledgement, which it forces (not for the linger).
         again.produce(ANOMALIES_TOPIC, "j1", b"{}", {})
         assert again.stats()["pending"] == 1
-        t0 = time.monotonic()
         again.commit()
-        assert time.monotonic() - t0 < 4
         stats = again.stats()
-        assert (stats["pending"], stats["sent"], stats["commits"]) == (0, 1, 1)
+        assert (stats["pending"], stats["sent"], stats["commits"]) == (0, 1, 1), stats
+        assert stats["commit_errors"] == 0
         assert again.committed(COLL) == 5
 
     with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group) as after:
@@ -195,15 +265,12 @@ def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
                    linger_ms=2000, batch_size=4 * 1024 * 1024, on_full="drop",
                    max_block_ms=5000, ipc_compression=None) as tr:
         assert tr.wait_connected(20)
-        took = []
         for _ in range(20):
-            t0 = time.monotonic()
             tr.publish(COLL, "j1", table)
-            took.append(time.monotonic() - t0)
         stats = tr.stats()
         assert stats["dropped"] == 15, stats
         assert stats["pending"] == 5 and stats["pending_bytes"] <= budget
-        assert max(took[5:]) < 0.2, took  # dropping does not wait for max_block_ms
+        assert stats["blocked"] == 0, stats  # dropping does not wait for max_block_ms
         assert tr.flush(20)
         stats = tr.stats()
         assert (stats["sent"], stats["dropped"], stats["errors"]) == (5, 15, 0)
@@ -216,11 +283,11 @@ def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
         assert blocking.wait_connected(20)
         for _ in range(5):
             blocking.publish(COLL, "j1", table)
-        t0 = time.monotonic()
+        assert blocking.stats()["blocked"] == 0  # room for these
         blocking.publish(COLL, "j1", table)
-        waited = time.monotonic() - t0
-        assert 0.35 <= waited < 1.5, waited  # waited max_block_ms for room, then dropped
-        assert blocking.stats()["dropped"] == 1
+        stats = blocking.stats()
+        # waited (max_block_ms) for room, which the 3 s linger does not make, then dropped
+        assert (stats["blocked"], stats["dropped"], stats["pending"]) == (1, 1, 5), stats
 
 
 def test_broker_restart_mid_stream_loses_nothing_acknowledged(broker: Broker) -> None:
@@ -241,12 +308,11 @@ def test_broker_restart_mid_stream_loses_nothing_acknowledged(broker: Broker) ->
 
         thread = threading.Thread(target=produce)
         thread.start()
-        time.sleep(1.5)
-        assert tr.stats()["sent"] > 10
+        _wait_for(lambda: tr.stats()["sent"] > 10, 60, "10 messages acknowledged")
         assert infra.kafka_down(broker.state_dir, timeout=30)
         down_at = tr.stats()["sent"]
-        time.sleep(1.0)
-        assert tr.stats()["pending"] > 0  # published while the broker was down
+        # published while the broker was down
+        _wait_for(lambda: tr.stats()["pending"] > 0, 60, "messages waiting for the broker")
         infra.kafka_up(broker.port, controller_port=broker.controller_port,
                        state_dir=broker.state_dir, max_lifetime=3 * 3600, timeout=150)
         thread.join(60)
@@ -300,9 +366,8 @@ def test_a_broker_that_cannot_start_fails_with_its_log_tail(broker: Broker,
                                                             tmp_path: Path) -> None:
     if broker.state_dir is None:
         pytest.skip("needs the local broker set-up")
-    t0 = time.monotonic()
+    # the exit is noticed: "exited with status", not "did not answer ... within" the timeout
     with pytest.raises(infra.InfraError, match="exited with status") as err:
         infra.kafka_up(0, state_dir=tmp_path, heap="1k", timeout=60)  # no JVM starts on 1 kB
     assert "heap" in str(err.value).lower()  # the JVM's complaint, from the log tail
-    assert time.monotonic() - t0 < 30
     assert not infra.kafka_status(tmp_path).running
