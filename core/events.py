@@ -24,6 +24,11 @@ VERSION = 1
 
 KINDS: tuple[str, ...] = ("meta", "coll", "progress", "link", "gpu", "span")
 
+#: Records of one job, by kind (``coll``, ``progress``, ``link``, ``gpu``, ``span``); each
+#: table conforms to ``SCHEMAS[kind]``. Kinds with no new rows may be absent. What a replay
+#: or a stream hands the detectors at a time.
+EventBatch = dict[str, pa.Table]
+
 COLL_OPS: tuple[str, ...] = (
     "allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "send", "recv",
 )

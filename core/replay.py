@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from failslow.detectors.base import EventBatch
+from failslow.events import EventBatch
 from failslow.tracedir import DATA_KINDS
 
 #: The column that orders each kind in time.

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import pyarrow as pa
-
 from failslow.diagnosis import Anomaly
+from failslow.events import EventBatch
 
-#: Records of one job, by kind (``coll``, ``progress``, ``link``, ``gpu``, ``span``); each
-#: table conforms to ``failslow.events.SCHEMAS[kind]``. Kinds with no new rows may be absent.
-EventBatch = dict[str, pa.Table]
+__all__ = ["Detector", "EventBatch"]
+
 
 
 class Detector(Protocol):

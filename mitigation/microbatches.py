@@ -103,7 +103,7 @@ def schedule_programs(schedule: str, pp: int, m: int) -> list[Program]:
     """The what-if program of every stage for ``m`` micro-batches under Megatron's
     non-interleaved ``1f1b`` or ``gpipe`` schedule (the simulator's
     :func:`failslow.simulator.schedule.build_program`, in what-if notation)."""
-    from failslow.simulator.schedule import BWD, DPSYNC, FWD, OPT, P2P, build_program
+    from failslow.schedule import BWD, DPSYNC, FWD, OPT, P2P, build_program
 
     out: list[Program] = []
     for s in range(pp):

@@ -33,8 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from failslow.detectors.base import EventBatch
-from failslow.events import JobMeta
+from failslow.events import EventBatch, JobMeta
 from failslow.whatif.ops import (
     CATEGORIES,
     OpTrace,

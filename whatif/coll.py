@@ -110,7 +110,7 @@ def _steps(ops: CollOps, names: np.ndarray, main: np.ndarray, stage_of: np.ndarr
 
 def from_coll(coll: pa.Table, meta: JobMeta) -> OpTrace:
     """OpDuration tensors from ``coll`` rows (see the module docstring)."""
-    from failslow.simulator.schedule import BWD, DPSYNC, FWD, OPT, P2P, build_program
+    from failslow.schedule import BWD, DPSYNC, FWD, OPT, P2P, build_program
 
     if meta.schedule not in ("1f1b", "gpipe"):
         raise WhatIfInputError(f"coll-only derivation needs a 1f1b or gpipe schedule, not "
