@@ -337,7 +337,7 @@ def test_infra_status_cli_reports_the_running_broker(broker: Broker) -> None:
     assert status.running and status.ready and status.port == broker.port
     assert status.stops_at is not None and status.stops_at > time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "failslow.infra.kafka_broker", "status", "--state-dir",
+        [sys.executable, "-m", "failslow", "infra", "status", "--state-dir",
          str(broker.state_dir), "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

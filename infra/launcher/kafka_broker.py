@@ -570,10 +570,3 @@ def kafka_down(state_dir: str | Path | None = None, *, timeout: float = 30.0) ->
         f[name].unlink(missing_ok=True)
     return status.running
 
-
-if __name__ == "__main__":  # the old spelling of ``failslow infra ACTION``
-    import sys
-
-    from failslow.cli.infra import main
-
-    sys.exit(main())
