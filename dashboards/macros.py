@@ -1,6 +1,5 @@
 """How Grafana turns a panel's SQL into what ClickHouse runs, so that every dashboard query
-can be executed and checked outside Grafana (tests, ``python -m failslow.dashboards.grafana
---check``).
+can be executed and checked outside Grafana (tests, ``failslow dashboards check``).
 
 A query of the ``grafana-clickhouse-datasource`` plugin goes through three steps, reproduced
 here in the same order and with the same quirks:

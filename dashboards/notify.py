@@ -49,469 +49,67 @@ The config is YAML or TOML::
     routes:
       - {match: {job: "prod-*", min_severity: error}, receivers: [oncall], continue: true}
       - {match: {min_severity: warning}, receivers: [team, hook]}
+
+The parts: :mod:`.notify_config` (the config), :mod:`.notify_render` (the payloads per
+receiver type), :mod:`.notify_delivery` (HTTP, signatures, rate limits); this module holds the
+decisions, the durable outbox and the loop, and re-exports the public names of the others.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import hashlib
-import hmac
 import json
 import logging
 import os
 import random
 import time
-import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from failslow.dashboards.severity import (
-    SEVERITIES,
-    Thresholds,
-    cost_gpu_hours,
-    rank_of,
-    severity,
+from failslow.dashboards.notify_config import (
+    PAGERDUTY_URL,
+    TYPES,
+    Config,
+    ConfigError,
+    Match,
+    Receiver,
+    Retry,
+    Route,
+    config_from_dict,
+    load_config,
 )
+from failslow.dashboards.notify_delivery import (
+    DELIVERY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    USER_AGENT,
+    Delivery,
+    Outcome,
+    Poster,
+    TokenBucket,
+    http_post,
+    request_headers,
+    sign,
+    verify_signature,
+)
+from failslow.dashboards.notify_render import Notice, advice_text, payload, summary
+from failslow.dashboards.severity import cost_gpu_hours, rank_of, severity
 from failslow.diagnosis import Anomaly
+from failslow.settings import environment
+
+__all__ = [
+    "DELIVERY_HEADER", "PAGERDUTY_URL", "SIGNATURE_HEADER", "STATE_VERSION", "TIMESTAMP_HEADER",
+    "TYPES", "USER_AGENT", "Config", "ConfigError", "Delivery", "Match", "Notice", "Notifier",
+    "Outcome", "Poster", "Receiver", "Retry", "Route", "Stats", "TokenBucket", "advice_text",
+    "config_from_dict", "http_post", "load_config", "payload", "run", "sign", "summary",
+    "verify_signature",
+]
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-TYPES = ("generic", "slack", "pagerduty", "alertmanager")
-PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
-USER_AGENT = "failslow-notify/1"
-SIGNATURE_HEADER = "X-Failslow-Signature"
-TIMESTAMP_HEADER = "X-Failslow-Timestamp"
-DELIVERY_HEADER = "X-Failslow-Delivery"
-_SECRET_WORDS = ("secret", "token", "password", "routing_key", "api_key")
-
-
-class ConfigError(ValueError):
-    """A notifier config that cannot be used (the message names the field)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# config
-
-
-@dataclass(frozen=True)
-class Receiver:
-    name: str
-    type: str
-    url_env: str | None = None
-    url: str | None = None
-    secret_env: str | None = None
-    routing_key_env: str | None = None
-    rate_per_minute: float = 60.0
-    burst: int = 10
-    timeout_s: float | None = None
-
-    def resolve_url(self, env: Mapping[str, str]) -> str:
-        if self.url_env:
-            value = env.get(self.url_env, "")
-            if not value:
-                raise ConfigError(f"receiver {self.name}: ${self.url_env} is not set")
-            return value
-        if self.url:
-            return self.url
-        if self.type == "pagerduty":
-            return PAGERDUTY_URL
-        raise ConfigError(f"receiver {self.name}: no url or url_env")
-
-    def secret(self, env: Mapping[str, str]) -> bytes | None:
-        if not self.secret_env:
-            return None
-        value = env.get(self.secret_env, "")
-        if not value:
-            raise ConfigError(f"receiver {self.name}: ${self.secret_env} is not set")
-        return value.encode()
-
-    def routing_key(self, env: Mapping[str, str]) -> str:
-        value = env.get(self.routing_key_env or "", "")
-        if not value:
-            raise ConfigError(f"receiver {self.name}: pagerduty needs routing_key_env naming "
-                              "a set environment variable")
-        return value
-
-
-@dataclass(frozen=True)
-class Match:
-    job: str = "*"
-    kind: str | None = None
-    cause: str | None = None
-    min_severity: str = "info"
-
-    def matches(self, job: str, a: Anomaly, sev: str) -> bool:
-        return (fnmatch.fnmatchcase(job, self.job)
-                and (self.kind is None or a.kind == self.kind)
-                and (self.cause is None or a.cause == self.cause)
-                and rank_of(sev) >= rank_of(self.min_severity))
-
-
-@dataclass(frozen=True)
-class Route:
-    match: Match
-    receivers: tuple[str, ...]
-    continue_: bool = False
-
-
-@dataclass(frozen=True)
-class Retry:
-    max_attempts: int = 10
-    base_s: float = 1.0
-    max_s: float = 300.0
-    timeout_s: float = 10.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        """Full jitter: uniform in [0, min(max, base x 2^attempt)] (AWS architecture blog's
-        "exponential backoff and jitter"), at least a tenth of the cap."""
-        cap = min(self.max_s, self.base_s * (2.0 ** max(attempt - 1, 0)))
-        return max(cap * 0.1, rng.uniform(0.0, cap))
-
-
-@dataclass(frozen=True)
-class Config:
-    receivers: dict[str, Receiver]
-    routes: tuple[Route, ...]
-    thresholds: Thresholds = Thresholds()
-    retry: Retry = Retry()
-    state_file: Path = Path("notify-state.json")
-    keep_resolved_s: float = 7 * 86400.0
-
-    def route(self, job: str, a: Anomaly, sev: str) -> list[str]:
-        out: list[str] = []
-        for r in self.routes:
-            if r.match.matches(job, a, sev):
-                out.extend(x for x in r.receivers if x not in out)
-                if not r.continue_:
-                    break
-        return out
-
-
-def _check_no_literal_secrets(obj: Any, where: str) -> None:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            key = str(k).lower()
-            if (any(w in key for w in _SECRET_WORDS) and not key.endswith("_env")
-                    and v not in (None, "")):
-                raise ConfigError(f"{where}.{k}: secrets come only from the environment; "
-                                  f"name the variable with {k}_env")
-            _check_no_literal_secrets(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            _check_no_literal_secrets(v, f"{where}[{i}]")
-
-
-def _get(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str,
-         default: Any = None) -> Any:
-    value = d.get(key, default)
-    if value is not None and not isinstance(value, typ):
-        raise ConfigError(f"{where}.{key}: expected {typ}, got {type(value).__name__}")
-    return value
-
-
-def config_from_dict(d: Mapping[str, Any], base_dir: Path | None = None,
-                     env: Mapping[str, str] | None = None) -> Config:
-    """Parse a config (see the module docstring)."""
-    if not isinstance(d, Mapping):
-        raise ConfigError("config: expected a mapping")
-    _check_no_literal_secrets(dict(d), "config")
-    env = os.environ if env is None else env
-    unknown = set(d) - {"receivers", "routes", "severity", "retry", "state_file",
-                        "keep_resolved_s"}
-    if unknown:
-        raise ConfigError(f"config: unknown key(s) {sorted(unknown)}")
-    receivers: dict[str, Receiver] = {}
-    for i, r in enumerate(_get(d, "receivers", list, "config", [])):
-        where = f"receivers[{i}]"
-        if not isinstance(r, Mapping):
-            raise ConfigError(f"{where}: expected a mapping")
-        extra = set(r) - set(Receiver.__dataclass_fields__)
-        if extra:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(extra)}")
-        name = _get(r, "name", str, where)
-        typ = _get(r, "type", str, where, "generic")
-        if not name or typ not in TYPES:
-            raise ConfigError(f"{where}: needs a name and a type in {TYPES}")
-        if name in receivers:
-            raise ConfigError(f"{where}: duplicate receiver name {name!r}")
-        rec = Receiver(**{k: v for k, v in r.items()})
-        if rec.rate_per_minute <= 0 or rec.burst < 1:
-            raise ConfigError(f"{where}: rate_per_minute > 0 and burst >= 1")
-        if typ == "slack" and rec.url:
-            raise ConfigError(f"{where}: a Slack webhook URL is a secret: use url_env")
-        if typ == "pagerduty" and not rec.routing_key_env:
-            raise ConfigError(f"{where}: pagerduty needs routing_key_env")
-        receivers[name] = rec
-    routes = []
-    for i, r in enumerate(_get(d, "routes", list, "config", [])):
-        where = f"routes[{i}]"
-        m = _get(r, "match", dict, where, {}) or {}
-        extra = set(m) - set(Match.__dataclass_fields__)
-        if extra:
-            raise ConfigError(f"{where}.match: unknown key(s) {sorted(extra)}")
-        match = Match(**m)
-        if match.min_severity not in SEVERITIES:
-            raise ConfigError(f"{where}.match.min_severity: one of {SEVERITIES}")
-        names = tuple(_get(r, "receivers", list, where, []))
-        for n in names:
-            if n not in receivers:
-                raise ConfigError(f"{where}: unknown receiver {n!r}")
-        routes.append(Route(match, names, bool(r.get("continue", False))))
-    retry = Retry(**(_get(d, "retry", dict, "config", {}) or {}))
-    if retry.max_attempts < 1 or retry.base_s <= 0 or retry.timeout_s <= 0:
-        raise ConfigError("config.retry: max_attempts >= 1, base_s > 0, timeout_s > 0")
-    thresholds = Thresholds.from_dict(_get(d, "severity", dict, "config", {}) or {})
-    data_dir = Path(env.get("FAILSLOW_DATA_DIR", "") or (base_dir or Path.cwd()))
-    state = Path(_get(d, "state_file", str, "config", "notify-state.json"))
-    if not state.is_absolute():
-        state = data_dir / state
-    return Config(receivers, tuple(routes), thresholds, retry, state,
-                  float(d.get("keep_resolved_s", 7 * 86400.0)))
-
-
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    p = Path(path)
-    text = p.read_text()
-    try:
-        data = tomllib.loads(text) if p.suffix.lower() == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"{p}: cannot parse: {e}") from None
-    return config_from_dict(data or {}, None, env)
-
-
-# ---------------------------------------------------------------------------------------------
-# payloads
-
-
-def _iso(ns: int | None) -> str:
-    if ns is None:
-        return "0001-01-01T00:00:00Z"
-    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _who(a: Anomaly) -> str:
-    if a.link:
-        return "link " + "-".join(str(r) for r in a.link)
-    return "rank" + ("s " if len(a.ranks) != 1 else " ") + ",".join(str(r) for r in a.ranks)
-
-
-def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
-            advice: Mapping[str, Any] | None = None) -> str:
-    head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: ",
-            "advise": "mitigation advice: "}[event]
-    parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a)}"]
-    if a.stage:
-        parts.append(f"in {a.stage}")
-    if a.slowdown is not None:
-        parts.append(f"({a.slowdown:.2f}x)")
-    parts.append(f"~{cost:.3g} GPU-h lost")
-    line = advice_text(advice, resolved=event == "resolve")
-    return " ".join(parts) + (f"; {line}" if line else "")
-
-
-def advice_text(advice: Mapping[str, Any] | None, resolved: bool = False) -> str:
-    """One line for the anomaly's current advice ("" when none). Once the anomaly resolved,
-    an applied reversible strategy (S2, S3) is to be reverted (the planner's next advice)."""
-    if not advice:
-        return ""
-    strategy, action = advice.get("strategy", "?"), advice.get("action", "?")
-    if resolved and action == "apply" and strategy in ("S2", "S3"):
-        action = "revert"
-    text = f"advice {strategy} {action}: {advice.get('description', '')}"
-    if action == "apply" and advice.get("reason"):
-        text += f" ({advice['reason']})"
-    plan = advice.get("plan") or {}
-    if action == "apply" and strategy == "S2" and isinstance(plan, Mapping) and plan.get("m"):
-        text += f", micro-batches per DP group {' '.join(str(m) for m in plan['m'])}"
-    return text
-
-
-@dataclass(frozen=True)
-class Notice:
-    """What a page says, before it is shaped for a receiver type."""
-
-    event: str  # trigger | escalate | resolve
-    job: str
-    anomaly: dict[str, Any]
-    severity: str
-    cost_gpu_hours: float
-    dedup_key: str
-    advice: dict[str, Any] | None = None  # the anomaly's current mitigation advice
-
-    @property
-    def a(self) -> Anomaly:
-        return Anomaly.from_dict(dict(self.anomaly))
-
-    @property
-    def text(self) -> str:
-        return summary(self.job, self.a, self.event, self.severity, self.cost_gpu_hours,
-                       self.advice)
-
-
-_PD_SEVERITY = {"info": "info", "warning": "warning", "error": "error", "critical": "critical"}
-_SLACK_COLOR = {"info": "#439FE0", "warning": "#ECB22E", "error": "#E01E5A",
-                "critical": "#8B0000", "resolve": "#2EB67D"}
-
-
-def payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, Any]:
-    """The body for ``receiver``'s type."""
-    a = n.a
-    labels = {"alertname": f"failslow_{a.kind}", "job": n.job, "anomaly_id": a.id,
-              "kind": a.kind, "cause": a.cause, "severity": n.severity}
-    if a.stage:
-        labels["stage"] = a.stage
-    details = {"job": n.job, "anomaly": n.anomaly, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-               "severity": n.severity, "advice": n.advice}
-    advice_line = advice_text(n.advice, resolved=n.event == "resolve")
-    if receiver.type == "pagerduty":
-        body: dict[str, Any] = {
-            "routing_key": receiver.routing_key(env),
-            "event_action": "resolve" if n.event == "resolve" else "trigger",
-            "dedup_key": n.dedup_key,
-        }
-        if n.event != "resolve":
-            body["payload"] = {
-                "summary": n.text[:1024], "source": n.job, "severity": _PD_SEVERITY[n.severity],
-                "timestamp": _iso(a.start_ns), "component": _who(a),
-                "group": a.stage or a.comm_kind or "unknown", "class": f"{a.kind}/{a.cause}",
-                "custom_details": details}
-        return body
-    if receiver.type == "slack":
-        color = _SLACK_COLOR["resolve" if n.event == "resolve" else n.severity]
-        fields = [{"title": "job", "value": n.job, "short": True},
-                  {"title": "cause", "value": f"{a.kind}/{a.cause}", "short": True},
-                  {"title": "where", "value": _who(a), "short": True},
-                  {"title": "stage", "value": a.stage or "-", "short": True}]
-        if advice_line:
-            fields.append({"title": "mitigation", "value": advice_line, "short": False})
-        return {"text": n.text, "attachments": [{"color": color, "fields": fields,
-                                                 "footer": f"failslow {n.dedup_key}"}]}
-    if receiver.type == "alertmanager":
-        resolved = n.event == "resolve"
-        end = a.end_ns if resolved else None
-        annotations = {"summary": n.text, "description": json.dumps(details, sort_keys=True)}
-        if advice_line:
-            annotations["advice"] = advice_line
-        alert = {"status": "resolved" if resolved else "firing", "labels": labels,
-                 "annotations": annotations,
-                 "startsAt": _iso(a.start_ns), "endsAt": _iso(end),
-                 "generatorURL": "", "fingerprint": hashlib.sha256(
-                     n.dedup_key.encode()).hexdigest()[:16]}
-        return {"version": "4", "groupKey": f"{{}}:{{job={n.job!r}}}", "truncatedAlerts": 0,
-                "status": alert["status"], "receiver": receiver.name,
-                "groupLabels": {"job": n.job}, "commonLabels": labels,
-                "commonAnnotations": alert["annotations"], "externalURL": "",
-                "alerts": [alert]}
-    return {"version": 1, "event": n.event, "dedup_key": n.dedup_key, "job": n.job,
-            "severity": n.severity, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-            "summary": n.text, "anomaly": n.anomaly, "advice": n.advice}
-
-
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    mac = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256)
-    return "sha256=" + mac.hexdigest()
-
-
-def verify_signature(secret: bytes, timestamp: str, body: bytes, signature: str,
-                     max_age_s: float | None = 300.0, now: float | None = None) -> bool:
-    """What a receiver does: constant-time compare, and reject stale timestamps."""
-    if max_age_s is not None:
-        try:
-            age = abs((time.time() if now is None else now) - float(timestamp))
-        except ValueError:
-            return False
-        if age > max_age_s:
-            return False
-    return hmac.compare_digest(sign(secret, timestamp, body), signature)
-
-
-# ---------------------------------------------------------------------------------------------
-# sending
-
-
-@dataclass
-class Delivery:
-    """One notice for one receiver, in the outbox until acknowledged."""
-
-    id: str
-    receiver: str
-    key: str
-    event: str
-    notice: dict[str, Any]
-    attempts: int = 0
-    next_at: float = 0.0
-    created: float = 0.0
-    last_error: str = ""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    retry: bool
-    status: int | None
-    error: str = ""
-    retry_after: float | None = None
-
-
-def http_post(url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> Outcome:
-    """POST with urllib; classify the result for the retry policy."""
-    req = urllib.request.Request(url, data=body, method="POST", headers=dict(headers))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-            resp.read()
-            return Outcome(True, False, resp.status)
-    except urllib.error.HTTPError as e:
-        retry_after = _retry_after(e.headers.get("Retry-After") if e.headers else None)
-        retry = e.code == 429 or e.code >= 500 or e.code == 408
-        return Outcome(False, retry, e.code, f"HTTP {e.code}", retry_after)
-    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        return Outcome(False, True, None, f"{type(reason).__name__}: {reason}")
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
-class TokenBucket:
-    """``rate_per_minute`` tokens per minute, at most ``burst`` saved up."""
-
-    def __init__(self, rate_per_minute: float, burst: int, now: float) -> None:
-        self.rate = rate_per_minute / 60.0
-        self.burst = float(burst)
-        self.tokens = float(burst)
-        self.t = now
-
-    def take(self, now: float) -> float:
-        """0 when a token was taken, else seconds until one is available."""
-        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
-        self.t = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
-
-
-Poster = Callable[[str, bytes, Mapping[str, str], float], Outcome]
-
-
-# ---------------------------------------------------------------------------------------------
-# the notifier
 
 
 @dataclass
@@ -554,7 +152,7 @@ class Notifier:
                  poster: Poster = http_post, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None) -> None:
         self.config = config
-        self.env = dict(os.environ if env is None else env)
+        self.env = dict(environment() if env is None else env)
         self.poster = poster
         self.clock = clock
         self.rng = rng or random.Random()
@@ -771,13 +369,7 @@ class Notifier:
         rec = self.config.receivers[d.receiver]
         notice = Notice(**d.notice)
         body = json.dumps(payload(notice, rec, self.env), sort_keys=True).encode()
-        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                   DELIVERY_HEADER: d.id}
-        secret = rec.secret(self.env)
-        if secret is not None:
-            stamp = str(int(self.clock()))
-            headers[TIMESTAMP_HEADER] = stamp
-            headers[SIGNATURE_HEADER] = sign(secret, stamp, body)
+        headers = request_headers(d.id, body, rec.secret(self.env), self.clock())
         timeout = rec.timeout_s or self.config.retry.timeout_s
         return self.poster(rec.resolve_url(self.env), body, headers, timeout)
 
@@ -847,9 +439,11 @@ class Notifier:
 
 def run(notifier: Notifier, transport: Any, *, max_messages: int = 100,
         poll_timeout: float = 1.0, until_idle: bool = False,
-        should_stop: Callable[[], bool] = lambda: False) -> Stats:
+        should_stop: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], None] = time.sleep) -> Stats:
     """The loop: poll, decide, save the state, commit the offsets, deliver, re-evaluate.
-    ``until_idle`` returns when nothing is left to read or send (tests, one-shot runs)."""
+    ``until_idle`` returns when nothing is left to read or send (tests, one-shot runs), and
+    waits for the next retry with ``sleep`` (tests pass one that moves their clock)."""
     while not should_stop():
         due_at = notifier.next_due()
         wait = poll_timeout if due_at is None else max(0.0, min(poll_timeout,
@@ -866,5 +460,5 @@ def run(notifier: Notifier, transport: Any, *, max_messages: int = 100,
             due_at = notifier.next_due()
             if due_at is None:
                 break
-            time.sleep(max(0.0, min(poll_timeout, due_at - notifier.clock())))
+            sleep(max(0.0, min(poll_timeout, due_at - notifier.clock())))
     return notifier.stats

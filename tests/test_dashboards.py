@@ -558,8 +558,7 @@ def test_committed_files_are_up_to_date() -> None:
                         reason="grafana-foundation-sdk (failslow[grafana]) builds the JSON")
     from failslow.dashboards import grafana
 
-    assert grafana.check(GRAFANA) == [], "run python -m failslow.dashboards.grafana " \
-                                         "--write infra/grafana"
+    assert grafana.check(GRAFANA) == [], "run failslow dashboards write infra/grafana"
 
 
 def test_check_reports_a_stale_file(tmp_path: Path) -> None:
@@ -567,12 +566,12 @@ def test_check_reports_a_stale_file(tmp_path: Path) -> None:
         pytest.importorskip("grafana_foundation_sdk")
     from failslow.dashboards import grafana
 
-    assert grafana.main(["--write", str(tmp_path)]) == 0
-    assert grafana.main(["--check", str(tmp_path)]) == 0
+    assert cli.main(["dashboards", "write", str(tmp_path)]) == 0
+    assert cli.main(["dashboards", "check", str(tmp_path)]) == 0
     path = tmp_path / "dashboards" / "failslow-job.json"
     doc = json.loads(path.read_text())
     doc["panels"][0]["targets"][0]["rawSql"] = "SELECT 1"
     path.write_text(json.dumps(doc))
-    assert grafana.main(["--check", str(tmp_path)]) == 1
+    assert cli.main(["dashboards", "check", str(tmp_path)]) == 1
     diffs = grafana.check(tmp_path)
     assert len(diffs) == 1 and "failslow-job.json" in diffs[0]

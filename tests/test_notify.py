@@ -167,6 +167,22 @@ def _transport() -> InProcessTransport:
     return InProcessTransport(subscribe=(topic_for("meta"), ANOMALIES_TOPIC))
 
 
+class Clock:
+    """The notifier's clock in the retry tests: ``sleep`` moves it, nothing waits for real
+    backoff (the HTTP requests and their timeouts are real)."""
+
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += max(seconds, 1e-6)  # a wait rounded to nothing would never end
+
+
 def _wait_for(pred: Any, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -286,12 +302,18 @@ def test_retries_500s_with_backoff_until_delivered(tmp_path: Path, receiver: Rec
     cfg = _config(tmp_path, receiver, routes=[{"receivers": ["hook"]}])
     t = _transport()
     _publish(t, "job-b", _slow(), 1)
-    n = Notifier(cfg, env=_env(receiver))
-    started = time.monotonic()
-    stats = notify.run(n, t, until_idle=True)
+    clock = Clock()
+    n = Notifier(cfg, env=_env(receiver), clock=clock)
+    stats = notify.run(n, t, until_idle=True, sleep=clock.sleep)
     assert stats.delivered == 1 and stats.retries == 3 and stats.failed == 0
     assert receiver.behaviour["/hook"].calls == 4 and len(receiver.at("/hook")) == 1
-    assert time.monotonic() - started < 3
+    # one wait before each retry: exponential (base 0.02 s, doubling, at most max_s 0.1 s)
+    # with full jitter, never below a tenth of the cap
+    waits = [s for s in clock.slept if s > 0]
+    assert len(waits) == 3
+    for attempt, wait in enumerate(waits, start=1):
+        cap = min(0.1, 0.02 * 2 ** (attempt - 1))
+        assert cap * 0.1 <= wait <= cap
 
 
 def test_timeouts_and_a_slow_receiver(tmp_path: Path, receiver: Receiver) -> None:
@@ -300,16 +322,27 @@ def test_timeouts_and_a_slow_receiver(tmp_path: Path, receiver: Receiver) -> Non
     receiver.behaviour["/slack"] = Behaviour([(200, 0.0)])
     cfg = _config(tmp_path, receiver, routes=[{"receivers": ["hook", "slack"]}],
                   retry={"max_attempts": 5, "base_s": 0.05, "max_s": 0.2, "timeout_s": 0.3})
-    n = Notifier(cfg, env=_env(receiver))
+    events: list[tuple[str, str]] = []
+
+    def poster(url: str, body: bytes, headers: Any, timeout: float) -> Outcome:
+        name = url.rsplit("/", 1)[1]
+        events.append((name, "sent"))
+        try:
+            return notify.http_post(url, body, headers, timeout)
+        finally:
+            events.append((name, "answered"))
+
+    clock = Clock()
+    n = Notifier(cfg, env=_env(receiver), poster=poster, clock=clock)
     n.offer("job-c", _slow())
-    started = time.monotonic()
     n.deliver_due()
-    # the slow receiver does not hold up the other one
-    assert len(receiver.at("/slack")) == 1 and time.monotonic() - started < 1.2
+    # the slow receiver does not hold up the other one: slack was sent while hook waited
+    assert len(receiver.at("/slack")) == 1
+    assert events.index(("slack", "sent")) < events.index(("hook", "answered"))
     assert n.stats.retries == 1 and [d.receiver for d in n.outbox] == ["hook"]
     assert "timed out" in n.outbox[0].last_error or "Timeout" in n.outbox[0].last_error
-    _wait_for(lambda: n.next_due() is not None and n.next_due() <= time.time() + 0.01)
-    time.sleep(max(0.0, (n.next_due() or 0) - time.time()))
+    assert n.deliver_due() == 0  # not due yet
+    clock.sleep((n.next_due() or 0) - clock())
     n.deliver_due()
     assert not n.outbox and n.stats.delivered == 2
     # the timed-out request still reached the receiver later: the same delivery id twice
@@ -323,15 +356,18 @@ def test_429_honours_retry_after_and_400_is_not_retried(tmp_path: Path,
     receiver.behaviour["/hook"] = Behaviour([(429, 0.0), (200, 0.0)], {"Retry-After": "0.3"})
     receiver.behaviour["/slack"] = Behaviour([(400, 0.0)])
     cfg = _config(tmp_path, receiver, routes=[{"receivers": ["hook", "slack"]}])
-    n = Notifier(cfg, env=_env(receiver))
+    clock = Clock()
+    n = Notifier(cfg, env=_env(receiver), clock=clock)
     n.offer("job-d", _slow())
     n.deliver_due()
     assert n.stats.failed == 1 and n.failed[0].receiver == "slack"
     assert n.failed[0].last_error == "HTTP 400" and receiver.behaviour["/slack"].calls == 1
     waiting = n.outbox[0]
-    assert waiting.receiver == "hook" and waiting.next_at - time.time() >= 0.25
+    # the backoff would be at most 0.02 s; the receiver asked for 0.3 s
+    assert waiting.receiver == "hook" and waiting.next_at - clock() == pytest.approx(0.3)
+    clock.sleep(0.29)
     assert n.deliver_due() == 0  # not yet
-    time.sleep(waiting.next_at - time.time() + 0.01)
+    clock.sleep(0.02)
     assert n.deliver_due() == 1
 
 
@@ -369,7 +405,8 @@ def test_restart_mid_retry_loses_no_page(tmp_path: Path, receiver: Receiver) -> 
     t = _transport()
     _publish(t, "job-f", _slow("a"), 1)
     _publish(t, "job-f", _slow("b"), 1)
-    first = Notifier(cfg, env=_env(receiver))
+    clock = Clock()
+    first = Notifier(cfg, env=_env(receiver), clock=clock)
     for m in t.poll(10):
         first.handle(m)
     first.save()
@@ -383,7 +420,7 @@ def test_restart_mid_retry_loses_no_page(tmp_path: Path, receiver: Receiver) -> 
     # a report that arrives while it is down, polled by the next one but not committed when
     # it crashes again
     _publish(t, "job-f", _slow("a", end=T0 + 10**10), 2)
-    second = Notifier(cfg, env=_env(receiver))
+    second = Notifier(cfg, env=_env(receiver), clock=clock)
     assert [d.key for d in second.outbox] == ["job-f/a", "job-f/b"]
     for m in t.poll(10):
         second.handle(m)
@@ -392,8 +429,8 @@ def test_restart_mid_retry_loses_no_page(tmp_path: Path, receiver: Receiver) -> 
     t.seek_to_committed()
 
     receiver.behaviour["/hook"] = Behaviour([(200, 0.0)])
-    third = Notifier(cfg, env=_env(receiver))
-    stats = notify.run(third, t, until_idle=True)
+    third = Notifier(cfg, env=_env(receiver), clock=clock)
+    stats = notify.run(third, t, until_idle=True, sleep=clock.sleep)
     assert stats.duplicates == 1  # the re-read resolve was already in the outbox
     got = [(r.json["dedup_key"], r.json["event"]) for r in receiver.at("/hook")]
     assert sorted(got) == [("job-f/a", "resolve"), ("job-f/a", "trigger"), ("job-f/b", "trigger")]
@@ -408,7 +445,9 @@ def test_gives_up_after_max_attempts_and_keeps_the_record(tmp_path: Path,
                   retry={"max_attempts": 3, "base_s": 0.01, "max_s": 0.02, "timeout_s": 0.5})
     t = _transport()
     _publish(t, "job-g", _slow(), 1)
-    stats = notify.run(Notifier(cfg, env=_env(receiver)), t, until_idle=True)
+    clock = Clock()
+    stats = notify.run(Notifier(cfg, env=_env(receiver), clock=clock), t, until_idle=True,
+                       sleep=clock.sleep)
     assert stats.failed == 1 and receiver.behaviour["/hook"].calls == 3
     state = json.loads(cfg.state_file.read_text())
     assert state["failed"][0]["attempts"] == 3 and state["outbox"] == []
