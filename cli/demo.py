@@ -69,7 +69,7 @@ class _Deprecated(argparse.Action):
 def run(args: argparse.Namespace) -> int:
     from failslow.simulator import load_scenario, simulate
     from failslow.stream import processor as processor_module
-    from failslow.stream.processor import StreamProcessor, default_whatif
+    from failslow.stream.processor import ProcessorConfig, StreamProcessor, default_whatif
     from failslow.stream.transport import InProcessTransport
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
@@ -91,11 +91,11 @@ def run(args: argparse.Namespace) -> int:
         sink.drop()  # a fresh database per run: re-running the demo starts clean
         sink.create_schema()
         transport = InProcessTransport(keep_committed=False)
-        processor = StreamProcessor(transport, sink, clock="event",
+        config = ProcessorConfig(clock="event", checkpoint_messages=1 << 30,
+                                 checkpoint_interval_s=math.inf)
+        processor = StreamProcessor(transport, sink, config,
                                     analyzer_factory=_demo_analyzer(processor_module),
-                                    whatif_factory=default_whatif,
-                                    checkpoint_messages=1 << 30,
-                                    checkpoint_interval_s=math.inf)
+                                    whatif_factory=default_whatif)
         windows = list(replay(sim.tables, DEFAULT_WINDOW_NS))
         chunk = max(1, math.ceil(len(windows) / CHECKPOINTS))
         t_first = windows[0][0] if windows else 0

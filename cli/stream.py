@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -30,49 +29,37 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from failslow.settings import get_settings
+
 log = logging.getLogger(__name__)
-
-ENV = {
-    "kafka": "FAILSLOW_KAFKA",
-    "clickhouse": "FAILSLOW_CLICKHOUSE",
-    "data_dir": "FAILSLOW_DATA_DIR",
-    "database": "FAILSLOW_DATABASE",
-    "topic_prefix": "FAILSLOW_TOPIC_PREFIX",
-    "group": "FAILSLOW_GROUP",
-    "metrics_port": "FAILSLOW_METRICS_PORT",
-    "exit_when_idle": "FAILSLOW_EXIT_WHEN_IDLE",
-    "partitions": "FAILSLOW_PARTITIONS",
-}
-DEFAULT_METRICS_PORT = 9464
-
-
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(ENV[name], default)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    settings = get_settings()  # the flags' defaults (environment, config file)
     g = p.add_argument_group("connections (shared by replay, process and query)")
-    g.add_argument("--kafka", default=_env("kafka"), metavar="HOST:PORT[,...]",
+    g.add_argument("--kafka", default=settings.kafka.bootstrap, metavar="HOST:PORT[,...]",
                    help="Kafka bootstrap servers (env FAILSLOW_KAFKA; default: the broker "
                         "of 'failslow infra up', else 127.0.0.1:9092)")
-    g.add_argument("--clickhouse", default=_env("clickhouse"), metavar="URL",
+    g.add_argument("--clickhouse", default=settings.clickhouse.url, metavar="URL",
                    help="ClickHouse server URL, e.g. http://default:@127.0.0.1:8123 (env "
                         "FAILSLOW_CLICKHOUSE; default: embedded chDB in DATA_DIR/clickhouse)")
-    g.add_argument("--data-dir", type=Path, default=_env("data_dir"), metavar="DIR",
+    g.add_argument("--data-dir", type=Path, default=settings.processor.data_dir,
+                   metavar="DIR",
                    help="where the embedded store lives (env FAILSLOW_DATA_DIR; default "
                         "$XDG_DATA_HOME/failslow or ~/.local/share/failslow)")
-    g.add_argument("--database", default=_env("database", "failslow"),
+    g.add_argument("--database", default=settings.clickhouse.database,
                    help="ClickHouse database (env FAILSLOW_DATABASE; default %(default)s)")
-    g.add_argument("--topic-prefix", default=_env("topic_prefix", ""), metavar="PREFIX",
+    g.add_argument("--topic-prefix", default=settings.kafka.topic_prefix, metavar="PREFIX",
                    help="put before every Kafka topic name, to share a cluster (env "
                         "FAILSLOW_TOPIC_PREFIX; default none)")
-    g.add_argument("--partitions", type=int, default=int(_env("partitions", 4)),
+    g.add_argument("--partitions", type=int, default=settings.kafka.partitions,
                    help="partitions of the topics created (env FAILSLOW_PARTITIONS; "
                         "default %(default)s)")
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``failslow replay``, ``failslow process`` and ``failslow query``."""
+    settings = get_settings()
     rp = subparsers.add_parser(
         "replay", help="publish a trace directory to Kafka in time order",
         description="Publish a trace directory (events.md) to the Kafka topics of the stream "
@@ -102,13 +89,14 @@ def add_parser(subparsers: Any) -> None:
                     "a restart resumes the detectors where they were and stores nothing "
                     "twice. Stops on SIGTERM/SIGINT after a last checkpoint.")
     pr.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
-                    default=_float_or_none(_env("exit_when_idle")),
+                    default=settings.processor.exit_when_idle,
                     help="stop after SECONDS without a new message (env "
                          "FAILSLOW_EXIT_WHEN_IDLE; default: run until stopped)")
-    pr.add_argument("--group", default=_env("group", "failslow-processor"),
+    pr.add_argument("--group", default=settings.kafka.group,
                     help="Kafka consumer group (env FAILSLOW_GROUP; default %(default)s)")
+    metrics_port = settings.processor.metrics_port
     pr.add_argument("--metrics-port", type=int,
-                    default=int(_env("metrics_port", DEFAULT_METRICS_PORT)),
+                    default=-1 if metrics_port is None else metrics_port,
                     help="Prometheus metrics on http://127.0.0.1:PORT/metrics (env "
                          "FAILSLOW_METRICS_PORT; default %(default)s; 0: any free port; "
                          "-1: off)")
@@ -141,7 +129,8 @@ def add_parser(subparsers: Any) -> None:
                          "%(default)s)")
     pr.add_argument("--stats-json", type=Path, default=None, metavar="FILE",
                     help="write the processor's counters to FILE at exit")
-    pr.add_argument("--planner-costs", default=None, metavar="S2=SECONDS,S3=...,S4=...",
+    pr.add_argument("--planner-costs", default=settings.processor.planner_costs,
+                    metavar="S2=SECONDS,S3=...,S4=...",
                     help="mitigation planner action costs in seconds of lost training time "
                          "(Greyhound ski-rental; env FAILSLOW_PLANNER_COSTS; default: the "
                          "planner's defaults)")
@@ -174,10 +163,6 @@ def add_parser(subparsers: Any) -> None:
                     help="print one advice object per line (the failslow.advice topic's shape)")
     _common(qv)
     qv.set_defaults(func=cmd_query_advice)
-
-
-def _float_or_none(value: str | None) -> float | None:
-    return None if value in (None, "") else float(value)
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
@@ -303,21 +288,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_process(args: argparse.Namespace) -> int:
     from failslow.stream.clickhouse import ClickHouseSink, ClickHouseStateStore, Store, connect
     from failslow.stream.kafka import KafkaTransport
-    from failslow.stream.metrics import MetricsServer, render
-    from failslow.stream.processor import SinkError, StreamProcessor, default_whatif
+    from failslow.stream.metrics import MetricsServer, processor_registry
+    from failslow.stream.processor import (
+        ProcessorConfig,
+        SinkError,
+        StreamProcessor,
+        default_whatif,
+    )
     from failslow.stream.sink import SinkBackpressureError
 
     logging.getLogger("failslow").setLevel(min(logging.INFO,
                                                logging.getLogger().getEffectiveLevel()))
-    if args.planner_costs:
-        from failslow.mitigation.planner import COSTS_ENV, PlannerConfig
-
-        try:
-            PlannerConfig.parse_costs(args.planner_costs)
-        except ValueError as e:
-            print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
-            return 2
-        os.environ[COSTS_ENV] = args.planner_costs  # read per job by default_analyzer
+    try:
+        config = ProcessorConfig(
+            clock=args.clock, tick_interval_ns=100_000_000,
+            checkpoint_interval_s=args.checkpoint_interval,
+            snapshot_interval_s=args.snapshot_interval, store_events=args.store_events,
+            detect=args.detect, window_ns=int(args.window_ms * 1e6),
+            max_backpressure_retries=None, max_backoff_s=args.max_backoff,
+            silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "")
+    except ValueError as e:
+        print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
+        return 2
     data_dir = _data_dir(args)
     url = args.clickhouse or None
     where = url or str(data_dir / "clickhouse")
@@ -356,19 +348,14 @@ def cmd_process(args: argparse.Namespace) -> int:
                                    topic_prefix=args.topic_prefix, partitions=args.partitions,
                                    on_full="block", max_block_ms=30_000)
         processor = StreamProcessor(
-            transport, ClickHouseSink(store=store), state=ClickHouseStateStore(store),
-            whatif_factory=default_whatif if args.whatif else None, clock=args.clock,
-            tick_interval_ns=100_000_000, checkpoint_interval_s=args.checkpoint_interval,
-            snapshot_interval_s=args.snapshot_interval, store_events=args.store_events,
-            detect=args.detect, window_ns=int(args.window_ms * 1e6),
-            max_backpressure_retries=None, max_backoff_s=args.max_backoff,
-            silence_grace_s=args.silence_grace)
+            transport, ClickHouseSink(store=store), config,
+            state=ClickHouseStateStore(store),
+            whatif_factory=default_whatif if args.whatif else None)
         proc = processor
         if args.metrics_port >= 0:
             try:
-                metrics = MetricsServer(lambda: render(proc.stats, transport.stats()
-                                                       if transport else None, started),
-                                        port=args.metrics_port)
+                registry = processor_registry(lambda: proc.stats, transport.stats, started)
+                metrics = MetricsServer(registry, port=args.metrics_port)
                 log.info("metrics on %s", metrics.url)
             except OSError as e:
                 log.warning("no metrics endpoint on port %d: %s", args.metrics_port, e)

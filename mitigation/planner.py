@@ -45,8 +45,6 @@ the GPU that held global rank old_slot runs new_rank), ``node_of_rank``, ``moves
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,9 +68,6 @@ DESCRIPTIONS = {
 ADDRESSES = {"S2": {"compute", "mixed"}, "S3": {"compute", "communication", "mixed"},
              "S4": {"compute", "communication", "mixed"}}
 REVERSIBLE = {"S2", "S3"}
-#: Environment variable with the action costs of the stream processor's planner.
-COSTS_ENV = "FAILSLOW_PLANNER_COSTS"
-
 #: Arrow schema of advice rows (``Advice.to_row()``; the output contract's ``advice``
 #: table, :mod:`failslow.results`); ``plan`` is JSON text.
 ADVICE_SCHEMA = results.SCHEMAS["advice"]
@@ -111,11 +106,12 @@ class PlannerConfig:
         return out
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> PlannerConfig:
-        """The defaults with the costs of ``$FAILSLOW_PLANNER_COSTS`` (``S2=5,S3=60,...``)
-        applied: how a deployment of the stream processor sets them."""
+    def from_costs(cls, text: str) -> PlannerConfig:
+        """The defaults with the costs of ``text`` (``S2=5,S3=60,...``; empty: none)
+        applied; ValueError when malformed. The stream processor's costs come from its
+        configuration (``failslow process --planner-costs``, the settings'
+        ``processor.planner_costs``)."""
         config = cls()
-        text = (os.environ if env is None else env).get(COSTS_ENV, "")
         if text.strip():
             config.cost_s.update(cls.parse_costs(text))
         return config

@@ -24,7 +24,6 @@ from test_pipeline_kafka import (
 
 from conftest import Broker
 from failslow.cli.plan import trace_advice
-from failslow.mitigation.planner import COSTS_ENV
 from failslow.stream.kafka import KafkaTransport
 from failslow.stream.sink import ADVICE_TOPIC, decode_advice
 
@@ -76,7 +75,7 @@ def test_kill_9_after_advice_and_restart_stores_each_advice_once(
     processor resumes from the checkpoint."""
     trace, advice = demo
     expected = [a.advice_id for a in advice]
-    monkeypatch.setenv(COSTS_ENV, COSTS)  # the processors' environment
+    monkeypatch.setenv("FAILSLOW_PLANNER_COSTS", COSTS)  # the processors' settings
     prefix = _prefix()
     # event time: the pauses of this test (checkpoint, kill, restart) are no silence of the job
     args = ("--checkpoint-interval", "0.3", "--snapshot-interval", "1", "--clock", "event")

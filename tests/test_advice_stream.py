@@ -23,7 +23,7 @@ from failslow.mitigation.planner import ADVICE_SCHEMA, Advice, PlannerConfig
 from failslow.replay import DEFAULT_WINDOW_NS, replay
 from failslow.simulator import simulate
 from failslow.simulator.scenario import scenario_from_dict
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.sink import (
     ADVICE_TOPIC,
     MemorySink,
@@ -105,7 +105,8 @@ def test_offline_ladder_is_the_expected_one(sim: Any) -> None:
 
 def test_processor_stores_and_publishes_the_advice(sim: Any) -> None:
     bus, sink = InProcessTransport(), MemorySink()
-    processor = StreamProcessor(bus, sink, analyzer_factory=_factory, clock="event")
+    processor = StreamProcessor(bus, sink, ProcessorConfig(clock="event"),
+                                analyzer_factory=_factory)
     bus.publish_meta(sim.meta)
     windows = _windows(sim)
     for i in range(0, len(windows), 15):  # several checkpoints along the way
@@ -137,8 +138,10 @@ def test_kill_between_write_and_commit_restart_repeats_and_loses_no_advice(
     first_part = 25  # 2.5 s: S2 applied (impact 0.1 s), S3 not yet (0.5 s)
     for _, batch in windows[:first_part]:
         bus.publish_batch(sim.meta.job, batch)
-    first = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory, clock="event",
-                            max_messages=4, checkpoint_messages=4, snapshot_interval_s=1e9)
+    first = StreamProcessor(bus, sink, ProcessorConfig(clock="event", max_messages=4,
+                                                       checkpoint_messages=4,
+                                                       snapshot_interval_s=1e9), state=store,
+                            analyzer_factory=_factory)
     first.run()
     first.snapshot_all()  # the planner's open anomaly and impact go into the snapshot
     assert [a.advice_id for a in sink.advice()] == [expected[0][0]]
@@ -155,9 +158,10 @@ def test_kill_between_write_and_commit_restart_repeats_and_loses_no_advice(
     assert len(before) >= 2, "the crash should come after S3 was advised"
 
     bus.reassign()
-    second = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory,
-                             clock="event", max_messages=3, checkpoint_messages=1,
-                             snapshot_interval_s=1e9)
+    second = StreamProcessor(bus, sink, ProcessorConfig(clock="event", max_messages=3,
+                                                        checkpoint_messages=1,
+                                                        snapshot_interval_s=1e9), state=store,
+                             analyzer_factory=_factory)
     second.run()
     assert second.stats.restored_jobs == 1 and second.stats.replayed_cuts >= 1
     # stored: every decision exactly once, identical to an uninterrupted run

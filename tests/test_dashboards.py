@@ -62,14 +62,14 @@ def _stream(client: Any, scenario: Path) -> None:
     from failslow.replay import DEFAULT_WINDOW_NS, replay
     from failslow.simulator import load_scenario, simulate
     from failslow.stream.clickhouse import ClickHouseSink
-    from failslow.stream.processor import StreamProcessor
+    from failslow.stream.processor import ProcessorConfig, StreamProcessor
     from failslow.stream.transport import InProcessTransport
 
     sim = simulate(load_scenario(scenario), 0)
     sink = ClickHouseSink(client, DEMO_DATABASE, create=True)
     transport = InProcessTransport(keep_committed=False)
-    processor = StreamProcessor(transport, sink, clock="event", checkpoint_messages=1 << 30,
-                                checkpoint_interval_s=math.inf)
+    processor = StreamProcessor(transport, sink, ProcessorConfig(
+        clock="event", checkpoint_messages=1 << 30, checkpoint_interval_s=math.inf))
     transport.publish_meta(sim.meta)
     for i, (_, batch) in enumerate(replay(sim.tables, DEFAULT_WINDOW_NS)):
         transport.publish_batch(sim.meta.job, batch)

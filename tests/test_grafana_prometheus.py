@@ -10,6 +10,7 @@ runs in this process with the in-process transport, fed a few messages per secon
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -30,8 +31,8 @@ import stream_synth as synth
 import yaml
 
 from failslow.dashboards import grafana, panels
-from failslow.stream.metrics import MetricsServer, render
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.metrics import MetricsServer, processor_registry, render
+from failslow.stream.processor import ProcessorConfig, ProcessorStats, StreamProcessor
 from failslow.stream.sink import MemorySink
 from failslow.stream.transport import InProcessTransport
 
@@ -89,9 +90,10 @@ class _Feeder:
     def __init__(self) -> None:
         self.bus = InProcessTransport(keep_committed=False)
         self.bus.publish_meta(synth.meta())
-        self.proc = StreamProcessor(self.bus, MemorySink(), analyzer_factory=synth.FakeAnalyzer,
-                                    clock="event", analyzer_kinds=("coll",), window_ns=10**15,
-                                    metrics_interval_s=0.5)
+        config = ProcessorConfig(clock="event", analyzer_kinds=("coll",), window_ns=10**15,
+                                 metrics_interval_s=0.5)
+        self.proc = StreamProcessor(self.bus, MemorySink(), config,
+                                    analyzer_factory=synth.FakeAnalyzer)
         coll = synth.coll(iterations=ITERATIONS)
         seqs = coll.column("seq").to_pylist()
         self.rounds = [coll.take([i for i, s in enumerate(seqs) if s == it])
@@ -103,6 +105,14 @@ class _Feeder:
     def render(self) -> str:
         with self.lock:
             return render(self.proc.stats, self.bus.stats(), time.time())
+
+    def stats(self) -> ProcessorStats:
+        with self.lock:
+            return copy.deepcopy(self.proc.stats)
+
+    def transport_stats(self) -> dict[str, Any]:
+        with self.lock:
+            return self.bus.stats()
 
     def _run(self) -> None:
         for i, table in enumerate(self.rounds):
@@ -124,7 +134,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         pytest.skip("no prometheus binary (run infra/grafana/install-prometheus.sh)")
     tmp = tmp_path_factory.mktemp("prometheus")
     feeder = _Feeder()
-    server = MetricsServer(feeder.render, port=0)
+    server = MetricsServer(processor_registry(feeder.stats, feeder.transport_stats,
+                                              time.time()), port=0)
     config = grafana.prometheus_config([f"127.0.0.1:{server.port}"], f"{SCRAPE_S}s")
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()

@@ -29,7 +29,7 @@ from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 from failslow.simulator import scenario_from_dict, simulate
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.transport import InProcessTransport, topic_for
 
 S = 1_000_000_000
@@ -90,8 +90,9 @@ def stream(spec: dict[str, Any], seed: int = 0, config: HangConfig | None = None
 
     bus = InProcessTransport()
     bus.publish_meta(meta)
-    proc = StreamProcessor(bus, None, analyzer_factory=factory, clock=lambda: clock["now"],
-                           store_events=False)
+    proc = StreamProcessor(bus, None, ProcessorConfig(clock=lambda: clock["now"],
+                                                      store_events=False),
+                           analyzer_factory=factory)
     sent = dict.fromkeys(arrivals, 0)
     hangs: list[Anomaly] = []
     seen: set[tuple[str, int | None]] = set()

@@ -37,7 +37,7 @@ from failslow.infra import kafka_broker as infra
 from failslow.stream import clickhouse as ch
 from failslow.stream import transport as tr
 from failslow.stream.kafka import KafkaTransport
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.sink import MemorySink, SinkBackpressureError, SinkBatch
 from failslow.stream.state import MemoryStateStore
 
@@ -532,10 +532,11 @@ def test_sink_down_mid_stream_pauses_then_catches_up(broker: Broker, tmp_path: P
     consumer = KafkaTransport(broker.bootstrap, topic_prefix=prefix, group_id=group,
                               partitions=1, max_poll_interval_ms=3000,
                               session_timeout_ms=6000)
-    proc = StreamProcessor(consumer, sink, state=MemoryStateStore(),
-                           analyzer_factory=synth.FakeAnalyzer, clock="event",
-                           window_ns=10**15, checkpoint_interval_s=0.3, max_backoff_s=1.0,
-                           max_backpressure_retries=None)
+    proc = StreamProcessor(consumer, sink, ProcessorConfig(clock="event", window_ns=10**15,
+                                                           checkpoint_interval_s=0.3,
+                                                           max_backoff_s=1.0,
+                                                           max_backpressure_retries=None),
+                           state=MemoryStateStore(), analyzer_factory=synth.FakeAnalyzer)
     thread = threading.Thread(target=publish)
     thread.start()
     try:

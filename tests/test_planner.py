@@ -177,12 +177,10 @@ def test_snapshot_keeps_skips_and_plans() -> None:
     assert np.isclose(b.snapshot()["open"]["a1"]["impact_s"], 5.0)
 
 
-def test_costs_from_the_environment_and_their_errors() -> None:
-    from failslow.mitigation.planner import COSTS_ENV
-
-    config = PlannerConfig.from_env({COSTS_ENV: "s2=0.5, S4=120"})
+def test_costs_from_text_and_their_errors() -> None:
+    config = PlannerConfig.from_costs("s2=0.5, S4=120")
     assert config.cost_s == {"S2": 0.5, "S3": 60.0, "S4": 120.0}  # S3 keeps its default
-    assert PlannerConfig.from_env({}).cost_s == PlannerConfig().cost_s
+    assert PlannerConfig.from_costs("").cost_s == PlannerConfig().cost_s
     for bad in ("S5=1", "S2", "S2=-1", "S2=fast"):
         with pytest.raises(ValueError):
             PlannerConfig.parse_costs(bad)

@@ -17,8 +17,8 @@ import stream_synth as synth
 from failslow.cli import stream as stream_cli
 from failslow.diagnosis import Anomaly
 from failslow.stream import clickhouse as ch
-from failslow.stream.metrics import MetricsServer, render
-from failslow.stream.processor import ProcessorStats, StreamProcessor
+from failslow.stream.metrics import MetricsServer, processor_registry, render
+from failslow.stream.processor import ProcessorConfig, ProcessorStats, StreamProcessor
 from failslow.stream.sink import (
     AnomalyReport,
     MemorySink,
@@ -175,7 +175,7 @@ def test_metrics_exposition_and_endpoint() -> None:
     assert "failslow_processor_dropped_total 3" in text
     for line in text.splitlines():  # every sample line is "name{labels} value"
         assert line.startswith("#") or re.match(r"^[a-z_]+(\{[^}]*\})? \S+$", line), line
-    server = MetricsServer(lambda: render(stats), port=0)
+    server = MetricsServer(processor_registry(lambda: stats), port=0)
     try:
         with urllib.request.urlopen(server.url, timeout=5) as r:
             assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -184,7 +184,7 @@ def test_metrics_exposition_and_endpoint() -> None:
     finally:
         server.close()
     with pytest.raises(ValueError):
-        MetricsServer(lambda: "", host="0.0.0.0")
+        MetricsServer(processor_registry(lambda: stats), host="0.0.0.0")
 
 
 class FakeWhatIf:
@@ -210,9 +210,10 @@ def test_whatif_results_are_written_through_the_hook() -> None:
     for it in range(9):
         bus.publish("failslow.coll", "synth-1",
                     coll.take([i for i, s in enumerate(seqs) if s == it]))
-    proc = StreamProcessor(bus, sink, analyzer_factory=synth.FakeAnalyzer,
-                           whatif_factory=lambda meta: FakeWhatIf(), clock="event",
-                           max_messages=1, analyzer_kinds=("coll",), window_ns=10**15)
+    proc = StreamProcessor(bus, sink, ProcessorConfig(clock="event", max_messages=1,
+                                                      analyzer_kinds=("coll",), window_ns=10**15),
+                           analyzer_factory=synth.FakeAnalyzer,
+                           whatif_factory=lambda meta: FakeWhatIf())
     stats = proc.run()
     table = sink.table("whatif")
     assert table is not None and stats.whatif_results == table.num_rows == 3

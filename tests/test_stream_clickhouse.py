@@ -15,7 +15,7 @@ from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 from failslow.mitigation.planner import ADVICE_SCHEMA
 from failslow.stream import clickhouse as ch
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.sink import AnomalyReport, SinkBatch, anomalies_table
 from failslow.stream.transport import InProcessTransport
 
@@ -147,8 +147,8 @@ def test_processor_into_chdb(sink: ch.ClickHouseSink) -> None:
         made[meta.job] = synth.FakeAnalyzer(meta)
         return made[meta.job]
 
-    proc = StreamProcessor(bus, sink, analyzer_factory=factory, clock="event",
-                           window_ns=10**15)
+    proc = StreamProcessor(bus, sink, ProcessorConfig(clock="event", window_ns=10**15),
+                           analyzer_factory=factory)
     proc.run()
     assert sink.count("coll", "synth-1") == coll.num_rows
     assert sink.count("rounds") == 15 * 4 and sink.count("iterations") == 15

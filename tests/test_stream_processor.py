@@ -11,7 +11,7 @@ import stream_synth as synth
 
 from failslow.events import JobMeta
 from failslow.stream import transport as tr
-from failslow.stream.processor import SinkError, StreamProcessor
+from failslow.stream.processor import ProcessorConfig, SinkError, StreamProcessor
 from failslow.stream.sink import MemorySink, Sink, SinkBackpressureError, SinkBatch
 from failslow.stream.transport import EVENT_TOPICS, InProcessTransport
 
@@ -30,7 +30,9 @@ def _processor(bus: InProcessTransport, sink: Sink | None = None,
     # FakeAnalyzer derives a round from one batch only: no event-time windows here
     kwargs.setdefault("window_ns", 10**15)
     kwargs.setdefault("analyzer_kinds", ("coll",))  # the synthetic jobs send coll only
-    return StreamProcessor(bus, sink, analyzer_factory=factory, **kwargs), made
+    sleep = kwargs.pop("sleep", None)
+    return StreamProcessor(bus, sink, ProcessorConfig(**kwargs), analyzer_factory=factory,
+                           sleep=sleep), made
 
 
 def _publish_iterations(bus: InProcessTransport, coll: pa.Table, job: str = JOB) -> int:

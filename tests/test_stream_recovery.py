@@ -16,7 +16,7 @@ import stream_synth as synth
 
 from failslow.events import JobMeta
 from failslow.stream import transport as tr
-from failslow.stream.processor import StreamProcessor
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.sink import MemorySink, SinkBackpressureError, SinkBatch
 from failslow.stream.state import MemoryStateStore, pack, unpack
 from failslow.stream.transport import InProcessTransport
@@ -58,9 +58,10 @@ def test_crash_after_the_sink_write_restart_adds_nothing_twice() -> None:
     coll = synth.coll(iterations=30, slow_from=20)
     bus.publish_meta(synth.meta())
     _publish(bus, coll, 0, 10)
-    first = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory(made),
-                            clock="event", max_messages=2, checkpoint_messages=2,
-                            snapshot_interval_s=1e9)
+    first = StreamProcessor(bus, sink, ProcessorConfig(clock="event", max_messages=2,
+                                                       checkpoint_messages=2,
+                                                       snapshot_interval_s=1e9), state=store,
+                            analyzer_factory=_factory(made))
     first.run()
     first.snapshot_all()  # state after iteration 9, at the committed offsets
     assert store.snapshots and first.stats.snapshots == 1
@@ -75,9 +76,10 @@ def test_crash_after_the_sink_write_restart_adds_nothing_twice() -> None:
     # The restarted processor: same group, same store; the transport rewinds to the
     # committed offsets and assigns the partition again.
     bus.reassign()
-    second = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory(made),
-                             clock="event", max_messages=3, checkpoint_messages=1,
-                             snapshot_interval_s=1e9)  # checkpoints due while re-cutting
+    second = StreamProcessor(bus, sink, ProcessorConfig(clock="event", max_messages=3,
+                                                        checkpoint_messages=1,
+                                                        snapshot_interval_s=1e9), state=store,
+                             analyzer_factory=_factory(made))  # checkpoints due while re-cutting
     second.run()
     assert second.stats.restored_jobs == 1 and second.stats.replayed_cuts >= 4
     restored = made[JOB][-1]
@@ -103,14 +105,14 @@ def test_restart_without_crash_resumes_from_the_snapshot() -> None:
     coll = synth.coll(iterations=12)
     bus.publish_meta(synth.meta())
     _publish(bus, coll, 0, 6)
-    first = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory(made),
-                            clock="event")
+    first = StreamProcessor(bus, sink, ProcessorConfig(clock="event"), state=store,
+                            analyzer_factory=_factory(made))
     first.run()
     first.close()
     _publish(bus, coll, 6, 12)
     bus.reassign()
-    second = StreamProcessor(bus, sink, state=store, analyzer_factory=_factory(made),
-                             clock="event")
+    second = StreamProcessor(bus, sink, ProcessorConfig(clock="event"), state=store,
+                             analyzer_factory=_factory(made))
     second.run()
     assert second.stats.replayed_cuts == 0 and second.stats.restored_jobs == 1
     assert second.stats.messages == 6  # only the new messages
@@ -122,9 +124,9 @@ def test_revoked_partition_is_checkpointed_and_its_jobs_dropped() -> None:
     bus, sink, store = InProcessTransport(), DedupSink(), MemoryStateStore()
     bus.publish_meta(synth.meta())
     _publish(bus, synth.coll(iterations=4), 0, 4)
-    proc = StreamProcessor(bus, sink, state=store, analyzer_factory=synth.FakeAnalyzer,
-                           clock="event", checkpoint_messages=10**6,
-                           checkpoint_interval_s=1e9)
+    proc = StreamProcessor(bus, sink, ProcessorConfig(clock="event", checkpoint_messages=10**6,
+                                                      checkpoint_interval_s=1e9), state=store,
+                           analyzer_factory=synth.FakeAnalyzer)
     proc.step()  # assigned: the state is loaded, the messages fetched again
     proc.step()
     assert proc.jobs() == [JOB] and sink.batches == []
@@ -158,8 +160,8 @@ def test_backpressure_pauses_the_consumer_and_holds_the_clock() -> None:
 
     bus.pause = pause  # type: ignore[method-assign]
     sink = ThrottledSink(busy=3)
-    proc = StreamProcessor(bus, sink, analyzer_factory=synth.FakeAnalyzer,
-                           max_backoff_s=0.02)
+    proc = StreamProcessor(bus, sink, ProcessorConfig(max_backoff_s=0.02),
+                           analyzer_factory=synth.FakeAnalyzer)
     proc.run()
     assert paused == [True] and not bus._paused  # paused once, resumed
     assert proc.stats.backpressure == 3 and proc.stats.paused == 0
@@ -174,9 +176,10 @@ def test_wall_clock_stands_still_while_input_waits() -> None:
     coll = synth.coll(iterations=30)
     _publish(bus, coll, 0, 5)  # a backlog
     made: dict[str, list[synth.FakeAnalyzer]] = {}
-    proc = StreamProcessor(bus, None, analyzer_factory=_factory(made), clock="wall",
-                           max_messages=1, silence_grace_s=0.2, window_ns=10**15,
-                           analyzer_kinds=("coll",))
+    proc = StreamProcessor(bus, None, ProcessorConfig(clock="wall", max_messages=1,
+                                                      silence_grace_s=0.2, window_ns=10**15,
+                                                      analyzer_kinds=("coll",)),
+                           analyzer_factory=_factory(made))
     for _ in range(3):
         proc.step()
     ticks = made[JOB][0].ticks
@@ -205,8 +208,8 @@ def test_wall_clock_stands_still_while_input_waits() -> None:
 def test_snapshot_survives_json_and_keeps_pending_messages() -> None:
     bus, store = InProcessTransport(), MemoryStateStore()
     _publish(bus, synth.coll(iterations=2), 0, 2)  # before the meta: pending
-    proc = StreamProcessor(bus, MemorySink(), state=store, analyzer_factory=synth.FakeAnalyzer,
-                           clock="event")
+    proc = StreamProcessor(bus, MemorySink(), ProcessorConfig(clock="event"), state=store,
+                           analyzer_factory=synth.FakeAnalyzer)
     proc.run()
     assert proc.stats.pending_messages == 2
     proc.close()
@@ -216,8 +219,8 @@ def test_snapshot_survives_json_and_keeps_pending_messages() -> None:
     bus.publish_meta(synth.meta())
     bus.reassign()
     made: dict[str, list[synth.FakeAnalyzer]] = {}
-    again = StreamProcessor(bus, MemorySink(), state=store, analyzer_factory=_factory(made),
-                            clock="event")
+    again = StreamProcessor(bus, MemorySink(), ProcessorConfig(clock="event"), state=store,
+                            analyzer_factory=_factory(made))
     again.run()
     assert sum(b["coll"].num_rows for b in made[JOB][0].batches) == 2 * 8 * 2
 
@@ -256,8 +259,9 @@ def test_kinds_consumed_out_of_order_are_analysed_in_time_order() -> None:
         made.append(RecordingAnalyzer(meta))
         return made[-1]
 
-    proc = StreamProcessor(bus, None, analyzer_factory=factory, clock="event", max_messages=1,
-                           analyzer_kinds=("coll", "progress"), align=True)
+    proc = StreamProcessor(bus, None, ProcessorConfig(clock="event", max_messages=1,
+                                                      analyzer_kinds=("coll", "progress"),
+                                                      align=True), analyzer_factory=factory)
     for _ in range(14):
         proc.step()
     ranges = made[0].ranges

@@ -1,0 +1,403 @@
+"""The jobs of a stream processor (:class:`Jobs`): each job's analyzers, the records held
+until every kind the detectors read has arrived up to a time, their analysis in event-time
+windows with a tick at each window's end (as ``failslow analyze`` replays a trace), the
+job's clock, and the results collected into its partition's output."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from failslow import events, results
+from failslow.detectors.base import EventBatch
+from failslow.diagnosis import Anomaly
+from failslow.events import JobMeta
+from failslow.replay import TIME_COLUMN
+from failslow.stream.config import (
+    Analyzer,
+    AnalyzerFactory,
+    ProcessorConfig,
+    WhatIf,
+    WhatIfFactory,
+)
+from failslow.stream.partitions import Partition
+from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
+from failslow.stream.stats import ProcessorStats
+from failslow.stream.transport import encode
+from failslow.stream.windows import concat_tables, last_step, split_at, time_span, windows
+
+log = logging.getLogger(__name__)
+
+#: The stream's pace (event time per wall time) is a decaying average with this half-life,
+#: known once this much wall time was seen.
+PACE_HALF_LIFE_NS = 10_000_000_000
+MIN_PACE_WALL_NS = 2_000_000_000
+
+
+@dataclass
+class JobState:
+    meta: JobMeta
+    analyzer: Analyzer
+    partition: int = 0
+    watermark: int = events.NULL_TIME  # largest event time seen
+    advanced: int = 0  # monotonic ns when the watermark last advanced
+    last_tick: int = events.NULL_TIME
+    seen: int = 0  # monotonic ns when the job's last message was processed
+    pace_event: float = 0.0  # decayed sums of event time and wall time the watermark
+    pace_wall: float = 0.0  # advanced by: the stream's pace (event s per wall s)
+    version: int = 0  # the last report's version
+    diag_version: int = 0
+    anomalies: dict[str, Anomaly] = field(default_factory=dict)  # latest report per id
+    whatif: WhatIf | None = None
+    dirty: bool = False  # the diagnosis summary changed since the last checkpoint
+    # input held until every record kind of the job reached its time (see Jobs.horizon)
+    held: dict[str, list[pa.Table]] = field(default_factory=dict)
+    held_rows: int = 0
+    kind_wm: dict[str, int] = field(default_factory=dict)  # kind -> event time complete
+    kind_seen: dict[str, int] = field(default_factory=dict)  # kind -> monotonic ns
+    first_data: int = 0  # monotonic ns of the first data message (0: none yet)
+
+
+class Jobs:
+    """The jobs of the processor by id. ``parts`` and ``idle_since`` (partition -> monotonic
+    ns since it was read to its end) are the processor's: results go to the job's partition,
+    and a partition read to its end lets silence count (the ``"wall"`` clock, alignment)."""
+
+    def __init__(self, config: ProcessorConfig, stats: ProcessorStats,
+                 analyzer_factory: AnalyzerFactory, whatif_factory: WhatIfFactory | None,
+                 parts: dict[int, Partition], idle_since: dict[int, int], align: bool) -> None:
+        self.config = config
+        self.stats = stats
+        self.analyzer_factory = analyzer_factory
+        self.whatif_factory = whatif_factory
+        self.states: dict[str, JobState] = {}
+        self._parts = parts
+        self._idle_since = idle_since
+        self._align = align
+        self._window_ns = max(1, int(config.window_ns))
+        self._align_idle_ns = int(config.align_idle_s * 1e9)
+        self._grace_ns = int(config.silence_grace_s * 1e9)
+        self._kinds = frozenset(config.analyzer_kinds)
+        self._batch_rows = 0  # rows added since the last run_batches
+
+    def __contains__(self, job: str) -> bool:
+        return job in self.states
+
+    def create(self, meta: JobMeta, partition: int) -> JobState:
+        """A new job from its meta (the factories' errors propagate)."""
+        analyzer = self.analyzer_factory(meta)
+        whatif = self.whatif_factory(meta) if self.whatif_factory else None
+        st = self.states[meta.job] = JobState(meta, analyzer, partition, whatif=whatif,
+                                              seen=time.monotonic_ns())
+        self.stats.jobs = len(self.states)
+        return st
+
+    def drop_partition(self, number: int) -> None:
+        for job in [j for j, st in self.states.items() if st.partition == number]:
+            del self.states[job]
+        self.stats.jobs = len(self.states)
+
+    # ----------------------------------------------------------------------------- input
+
+    def add(self, job: str, kind: str, table: pa.Table, watermark: int | None = None) -> None:
+        """Hold ``table`` for the job; ``watermark``: the producer says every row of this
+        kind up to that time was published (header ``failslow-watermark``)."""
+        if not self.config.detect:
+            return
+        st = self.states[job]
+        st.kind_seen[kind] = time.monotonic_ns()
+        if not st.first_data:
+            st.first_data = st.kind_seen[kind]
+        top = watermark
+        column = TIME_COLUMN.get(kind)
+        if table.num_rows:
+            if column is not None:
+                tmax = pc.max(table.column(column)).as_py()
+                if tmax is not None:
+                    top = max(int(tmax), top if top is not None else int(tmax))
+            st.held.setdefault(kind, []).append(table)
+            st.held_rows += table.num_rows
+            self._batch_rows += table.num_rows
+        if top is not None and column is not None:
+            st.kind_wm[kind] = max(st.kind_wm.get(kind, events.NULL_TIME), top)
+        if self._batch_rows >= self.config.max_batch_rows:
+            self.run_batches()
+
+    def horizon(self, st: JobState) -> int | None:
+        """The event time up to which every record kind the detectors read has arrived
+        (None: release everything). A kind without a message while the job's partition has
+        been read to its end for ``align_idle_s`` has nothing more and does not count; a kind
+        not seen yet holds everything back until then, counted from the job's first data
+        message (its messages may still be on the way: topics are fetched independently)."""
+        now = time.monotonic_ns()
+        idle_since = self._idle_since.get(st.partition)  # read to its end since then
+        horizon: int | None = None
+        for kind in self._kinds:
+            if idle_since is not None:
+                quiet = max(st.kind_seen.get(kind, st.first_data or now), idle_since)
+                if now - quiet >= self._align_idle_ns:
+                    continue  # nothing more of this kind
+            wm = st.kind_wm.get(kind, events.NULL_TIME)
+            horizon = wm if horizon is None else min(horizon, wm)
+        return horizon
+
+    def run_batches(self, force: bool = False) -> None:
+        """Analyse the held input of every job up to its horizon (all of it: ``force``)."""
+        self._batch_rows = 0
+        for job, st in list(self.states.items()):
+            if not st.held_rows:
+                continue
+            horizon = None if force or not self._align \
+                or st.held_rows > self.config.max_held_rows else self.horizon(st)
+            released: dict[str, pa.Table] = {}
+            for kind, parts in list(st.held.items()):
+                table = concat_tables(parts)
+                column = TIME_COLUMN.get(kind)
+                if horizon is None or column is None:
+                    out, keep = table, None
+                else:
+                    out, keep = split_at(table, column, horizon)
+                if out.num_rows:
+                    released[kind] = out
+                if keep is not None and keep.num_rows:
+                    st.held[kind] = [keep]
+                else:
+                    del st.held[kind]
+            st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)
+            if released:
+                self._update(job, released)
+
+    # ----------------------------------------------------------------------------- analysis
+
+    def _update(self, job: str, batch: EventBatch) -> None:
+        """Feed ``batch`` to the job's analyzers in windows of at most ``window_ns`` of event
+        time, in time order, with a tick at the end of each window (as ``failslow analyze``
+        replays a trace), so the results do not depend on how the input was polled."""
+        state = self.states[job]
+        span = time_span(batch)
+        if span is None or span[1] - span[0] < self._window_ns:
+            self._update_window(job, state, batch)
+            if span is not None:
+                self.tick(job, state, span[1], windowed=True)
+            if state.whatif is not None:
+                self._whatif(job, state, batch)
+            return
+        t0 = time.perf_counter()
+        cut = windows(batch, self._window_ns)
+        self.stats.seconds["window"] += time.perf_counter() - t0
+        for end, window in cut:
+            self._update_window(job, state, window)
+            self.tick(job, state, end, windowed=True)
+        rest = {k: t for k, t in batch.items() if k not in TIME_COLUMN}
+        if rest:
+            self._update_window(job, state, rest)
+        if state.whatif is not None:
+            self._whatif(job, state, batch)
+
+    def _update_window(self, job: str, state: JobState, batch: EventBatch) -> None:
+        advanced = False
+        previous = state.watermark
+        for kind, table in batch.items():
+            column = TIME_COLUMN.get(kind)
+            if column and table.num_rows:
+                top = pc.max(table.column(column)).as_py()
+                if top is not None and top > state.watermark:
+                    state.watermark = int(top)
+                    advanced = True
+        if advanced:
+            now = time.monotonic_ns()
+            if state.advanced and previous != events.NULL_TIME:
+                wall = now - state.advanced
+                decay = 0.5 ** (wall / PACE_HALF_LIFE_NS)
+                state.pace_event = state.pace_event * decay + (state.watermark - previous)
+                state.pace_wall = state.pace_wall * decay + wall
+            state.advanced = now
+        analyzed = {k: t for k, t in batch.items() if k in self._kinds}
+        t0 = time.perf_counter()
+        try:
+            out = state.analyzer.update(analyzed) if analyzed else None
+        except Exception:
+            if self.config.strict:
+                raise
+            self.stats.errors += 1
+            log.exception("analyzer of job %s failed on a batch", job)
+            out = None
+        finally:
+            self.stats.seconds["analyze"] += time.perf_counter() - t0
+        self._collect(job, state, out)
+
+    def _whatif(self, job: str, state: JobState, batch: EventBatch) -> None:
+        assert state.whatif is not None
+        t1 = time.perf_counter()
+        try:
+            result = state.whatif.update(batch)
+        except Exception:  # noqa: BLE001 - optional analysis
+            if self.config.strict:
+                raise
+            self.stats.errors += 1
+            log.exception("what-if analysis of job %s failed", job)
+            result = None
+        self.stats.seconds["whatif"] += time.perf_counter() - t1
+        if result is not None:
+            step = last_step(result, state.watermark)
+            self._parts[state.partition].whatif.append(
+                (job, step, state.watermark, result, time.time_ns()))
+            self.stats.whatif_results += 1
+            state.dirty = True
+
+    # ----------------------------------------------------------------------------- time
+
+    def now(self, state: JobState) -> int | None:
+        """The job's time by the configured clock (None: none yet)."""
+        clock = self.config.clock
+        if clock == "event":
+            return None if state.watermark == events.NULL_TIME else state.watermark
+        if clock == "system":
+            return time.time_ns()
+        if clock == "wall":
+            if state.watermark == events.NULL_TIME:
+                return None
+            idle = self._idle_since.get(state.partition)
+            if idle is None:  # input may be waiting: event time only
+                return state.watermark
+            since = max(state.seen, state.advanced, idle)
+            silence = time.monotonic_ns() - since - self._grace_ns
+            if silence <= 0 or state.pace_wall < MIN_PACE_WALL_NS:
+                return state.watermark
+            pace = state.pace_event / state.pace_wall
+            return state.watermark + int(silence / max(1.0, pace))
+        assert callable(clock)
+        return int(clock())
+
+    def tick_all(self) -> None:
+        for job, state in list(self.states.items()):
+            now = self.now(state)
+            if now is not None:
+                self.tick(job, state, now)
+
+    def tick(self, job: str, state: JobState, now: int, windowed: bool = False) -> None:
+        """``on_tick(now)`` unless the job's time did not move on (enough). ``windowed``:
+        the end of an event-time window (only with the event and wall clocks)."""
+        if windowed and self.config.clock not in ("event", "wall"):
+            return
+        if now <= state.last_tick or (state.last_tick != events.NULL_TIME
+                                      and now - state.last_tick < self.config.tick_interval_ns):
+            return
+        state.last_tick = now
+        t0 = time.perf_counter()
+        try:
+            out = state.analyzer.on_tick(now)
+        except Exception:
+            if self.config.strict:
+                raise
+            self.stats.errors += 1
+            log.exception("analyzer of job %s failed on tick %d", job, now)
+            return
+        finally:
+            self.stats.seconds["tick"] += time.perf_counter() - t0
+        self._collect(job, state, out)
+
+    # ----------------------------------------------------------------------------- output
+
+    def _collect(self, job: str, state: JobState, out: Any) -> None:
+        if out is None:
+            return
+        part = self._parts[state.partition]
+        found = out if isinstance(out, list) else list(getattr(out, "anomalies", None) or [])
+        for name in ("rounds", "iterations"):
+            table = None if isinstance(out, list) else getattr(out, name, None)
+            if table is not None and table.num_rows:
+                part.out[name].append(select_schema(table, results.SCHEMAS[name]))
+                part.rows += table.num_rows
+                state.dirty = True
+        now = time.time_ns()
+        for anomaly in found:
+            base = state.watermark if state.watermark != events.NULL_TIME else 0
+            state.version = max(state.version + 1, base)
+            state.anomalies[anomaly.id] = anomaly
+            part.reports.append(AnomalyReport(job, anomaly, state.version, now))
+            self.stats.anomaly_reports += 1
+            state.dirty = True
+        advice = None if isinstance(out, list) else getattr(out, "advice", None)
+        if advice:
+            part.advice.extend(advice)
+            self.stats.advice += len(advice)
+
+    def diagnosis_rows(self, parts: list[Partition]) -> None:
+        """A ``diagnoses`` row for every job of ``parts`` whose summary changed."""
+        numbers = {p.number for p in parts}
+        rows = []
+        for job, state in self.states.items():
+            if not state.dirty or state.partition not in numbers:
+                continue
+            state.dirty = False
+            try:
+                summary = state.analyzer.diagnosis().iterations
+            except Exception:  # noqa: BLE001 - the summary is optional
+                log.exception("diagnosis of job %s failed", job)
+                continue
+            base = state.watermark if state.watermark != events.NULL_TIME else 0
+            state.diag_version = max(state.diag_version + 1, base)
+            rows.append((state.partition, job, state.diag_version, summary,
+                         len(state.anomalies)))
+        for number, job, version, summary, count in rows:
+            self._parts[number].out["diagnoses"].append(
+                diagnoses_table([(job, version, summary, count, time.time_ns())]))
+
+    # ----------------------------------------------------------------------------- state
+
+    def state_of(self, st: JobState) -> dict[str, Any]:
+        """The job's detection state, JSON-friendly when its analyzers' snapshots are."""
+        snap = getattr(st.analyzer, "snapshot", None)
+        whatif_snap = getattr(st.whatif, "snapshot", None) if st.whatif is not None else None
+        held = {k: base64.b64encode(encode(k, concat_tables(parts), "zstd")).decode()
+                for k, parts in st.held.items() if parts}
+        return {"meta": st.meta.to_row(), "partition": st.partition,
+                "watermark": st.watermark, "last_tick": st.last_tick,
+                "held": held, "kind_wm": dict(st.kind_wm),
+                "version": st.version, "diag_version": st.diag_version,
+                "anomalies": [a.to_dict() for a in st.anomalies.values()],
+                "analyzer": snap() if callable(snap) else None,
+                "whatif": whatif_snap() if callable(whatif_snap) else None}
+
+    def restore(self, job: str, d: Mapping[str, Any], partition: int | None = None
+                ) -> JobState:
+        """Recreate the job of :meth:`state_of` (analyzers from the factories, then their
+        ``restore``); returns it."""
+        meta = events.parse_meta_row(d["meta"], "snapshot")
+        analyzer = self.analyzer_factory(meta)
+        restore = getattr(analyzer, "restore", None)
+        if d.get("analyzer") is not None and callable(restore):
+            restore(d["analyzer"])
+        whatif = self.whatif_factory(meta) if self.whatif_factory else None
+        w_restore = getattr(whatif, "restore", None)
+        if whatif is not None and d.get("whatif") is not None and callable(w_restore):
+            try:
+                w_restore(d["whatif"])
+            except Exception:  # noqa: BLE001 - start the what-if analysis afresh
+                log.exception("cannot restore the what-if state of job %s", job)
+        number = int(d.get("partition", 0)) if partition is None else partition
+        now = time.monotonic_ns()
+        st = self.states[job] = JobState(
+            meta, analyzer, number, watermark=int(d["watermark"]), advanced=now,
+            last_tick=int(d["last_tick"]), seen=now, version=int(d.get("version", 0)),
+            diag_version=int(d.get("diag_version", 0)),
+            anomalies={a["id"]: Anomaly.from_dict(a) for a in d["anomalies"]}, whatif=whatif,
+            kind_wm={str(k): int(v) for k, v in d.get("kind_wm", {}).items()},
+            kind_seen={str(k): now for k in d.get("kind_wm", {})})
+        for kind, text in d.get("held", {}).items():
+            reader = ipc.open_stream(pa.BufferReader(base64.b64decode(text)))
+            table = reader.read_all()
+            if table.num_rows:
+                st.held[kind] = [table]
+                st.held_rows += table.num_rows
+        self.stats.jobs = len(self.states)
+        return st
