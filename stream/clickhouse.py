@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -53,6 +52,7 @@ import pyarrow as pa
 from failslow import events, results
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.results import SPECS, TABLES, TableSpec
+from failslow.settings import environment, get_settings
 from failslow.stream.sink import (
     Sink,
     SinkBackpressureError,
@@ -221,10 +221,10 @@ def write_schema(path: str | Path, cluster: str | None = None, *,
 def default_data_dir() -> Path:
     """``$FAILSLOW_DATA_DIR``, else ``$XDG_DATA_HOME/failslow``, else
     ``~/.local/share/failslow``."""
-    env = os.environ.get("FAILSLOW_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    configured = get_settings().processor.data_dir
+    if configured is not None:
+        return Path(configured).expanduser()
+    base = environment().get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "failslow"
 
 
