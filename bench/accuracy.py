@@ -16,6 +16,10 @@ pauses, sequence-length variation and a heavy last stage) is generated with
   Tables 3 and 4 (job-level accuracy, false-positive and false-negative rates, and onset
   F1 with a margin of two iterations).
 
+The held-out suite (:mod:`failslow.bench.heldout_suite`, key ``heldout``) follows: jobs
+drawn at random (``seed``) from the independent generator :mod:`failslow.bench.heldout`,
+scored per fault family, each of the issue's floors printed beside its figure.
+
 Throughput (item 10): the detectors over the ``coll`` rows of a simulated job, in batches,
 as rows per second and as a ratio to a plain read of the same rows from Parquet.
 """
@@ -487,7 +491,9 @@ def iter_results(cases: list[Case]) -> Iterator[CaseResult]:
 
 
 def bench_accuracy(args: argparse.Namespace) -> dict[str, Any]:
-    """``failslow bench accuracy [--json] [--scale S]``."""
+    """``failslow bench accuracy [--json] [--scale S]``: the simulator suite (``totals``,
+    ``per_scenario``), the hang suite (``hang``) and the held-out suite (``heldout``: figures,
+    floors with pass/fail, per-family table, per-job results; ``args.seed`` if given)."""
     scale = float(getattr(args, "scale", 1.0) or 1.0)
     quiet = bool(getattr(args, "json", False))
     cases = suite(scale)
@@ -503,6 +509,13 @@ def bench_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     out["per_scenario"] = [_summary(r) for r in results]
     # the hang scenarios (CCL-D H1-H3), from their own suite
     out["hang"] = hang_suite(scale)
+    # the held-out suite: jobs nobody tuned for, drawn from an independent generator, with
+    # the issue's floors beside its figures
+    seed = int(getattr(args, "seed", 0) or 0)
+    out["heldout"] = heldout_suite(scale, seed, progress=None if quiet else (
+        lambda r: print(heldout_line(r), flush=True)))
+    if not quiet:
+        print(heldout_table(out["heldout"]), flush=True)
     return out
 
 
@@ -621,5 +634,8 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 }
 
 
-# the hang suite lives next to this one; imported last (it is this module's peer)
+# the hang suite and the held-out suite live next to this one; imported last (its peers)
 from failslow.bench.accuracy_hang import hang_suite  # noqa: E402
+from failslow.bench.heldout_suite import heldout_suite  # noqa: E402
+from failslow.bench.heldout_suite import line as heldout_line  # noqa: E402
+from failslow.bench.heldout_suite import table as heldout_table  # noqa: E402

@@ -55,6 +55,7 @@ class Fault:
     microbatch: int = 1
     index: int = 0
     mismatch: str = "bytes"  # inconsistent: "bytes" or "op"
+    phase: str | None = None  # compute: only this pass is slowed, "f" or "b" (None: all)
 
 
 @dataclass
@@ -385,7 +386,12 @@ class Executor:
             x *= self.noise.seqlen[it, c["dp"], mb]
         x *= self.noise.burst[it, self.lay.node[r]]
         for f in s.faults:
-            if f.cause == "compute" and f.rank == r and _fault_active(f, it):
+            if (
+                f.cause == "compute"
+                and f.rank == r
+                and _fault_active(f, it)
+                and (f.phase is None or f.phase == phase)
+            ):
                 x *= f.factor
         return x
 
@@ -859,6 +865,8 @@ def _truth(spec: Spec, lay: Layout, ex: Executor, obs: Any) -> dict[str, Any]:
                 else None
             )
             a["slowdown"] = round(float(np.nanmean(dur[sl])) / base, 4)
+            if f.cause == "compute" and f.phase is not None:
+                a["stage"] = {"f": "forward", "b": "backward"}[f.phase]
             if f.cause == "communication":
                 assert f.peer is not None
                 a["ranks"] = sorted([f.rank, f.peer])

@@ -44,6 +44,7 @@ BENCHMARK_MODULES: dict[str, str] = {
     "mitigation": "failslow.bench.mitigation",
     "accuracy-hang": "failslow.bench.accuracy_hang",
     "accuracy": "failslow.bench.accuracy",
+    "accuracy-heldout": "failslow.bench.heldout_suite",
     "detectors-throughput": "failslow.bench.accuracy",
     "pipeline": "failslow.bench.pipeline",
     "changepoints": "failslow.bench.changepoints",
@@ -171,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     bench.add_argument("--scale", type=float, default=1.0,
                        help="shrink (<1) or grow (>1) the benchmark's work")
+    bench.add_argument("--seed", type=int, default=0,
+                       help="seed of benchmarks that draw their cases (accuracy: the "
+                            "held-out suite; every draw changes with it)")
     bench.add_argument("--data", metavar="DIR", default=None,
                        help="input data of benchmarks that read some (changepoints: a TCPD "
                             "directory with annotations.json)")

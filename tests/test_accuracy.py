@@ -53,6 +53,16 @@ def test_accuracy_bench_small_scale() -> None:
     for key in ("precision", "recall", "link_accuracy", "stage_accuracy",
                 "latency_p95_iterations"):
         assert key in t
+    # the held-out suite, every floor of the issue beside its figure (not asserted to pass:
+    # the detectors are being improved against it)
+    h = out["heldout"]
+    assert h["figures"]["jobs"] == len(h["per_job"]) >= 11
+    assert set(h["floors"]) == {"slow_f1", "cause_accuracy", "exact_rank_accuracy",
+                                "link_accuracy", "stage_accuracy", "latency_median_iterations",
+                                "latency_max_iterations", "clean_run_anomalies", "hang_f1"}
+    for f in h["floors"].values():
+        assert set(f) == {"value", "op", "floor", "pass"}
+    assert {"compute", "mixed", "two-stragglers", "clean", "hang-h3"} <= set(h["families"])
 
 
 def test_throughput_bench_small_scale() -> None:

@@ -1,0 +1,165 @@
+"""The held-out accuracy suite (``failslow.bench.heldout_suite``): its draw, its scoring on
+hand-made diagnoses and a shrunken run end to end. The detectors' floors are not asserted
+here (only that every figure is computed and in range)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from failslow.bench import heldout as hg
+from failslow.bench import heldout_suite as hs
+
+SMALL = 0.05
+
+
+def test_suite_draws_the_issue_s_ranges_and_follows_the_seed() -> None:
+    jobs = hs.suite(1.0, seed=0)
+    assert {j.family for j in jobs} == set(hs.FAMILIES)
+    assert len(jobs) == sum(hs.FAMILIES.values())
+    worlds = [j.world for j in jobs]
+    assert min(worlds) == 16 and max(worlds) == 1024
+    assert all(j.spec.dp <= 64 and j.spec.tp in (1, 2, 4, 8) and j.spec.pp in (1, 2, 4, 8)
+               for j in jobs)
+    pure = [j for j in jobs if j.spec.tp == j.spec.pp == 1]
+    assert pure and any(j.family == "compute" for j in pure)
+    assert {u.stage for j in jobs for u in j.units if u.family == "compute-pass"} <= {
+        "forward", "backward"}
+    mixed = [u for j in jobs for u in j.units if u.cause == "mixed"]
+    assert mixed and all(u.link and u.ranks[0] in u.link for u in mixed)
+    assert all(len(j.units) == 2 for j in jobs if j.family == "compute-then-link")
+    assert all(len(j.units[0].ranks) == 2 for j in jobs if j.family == "two-stragglers")
+    # the same seed draws the same suite; another seed another one
+    again = hs.suite(1.0, seed=0)
+    assert [(j.name, j.spec) for j in again] == [(j.name, j.spec) for j in jobs]
+    other = hs.suite(1.0, seed=1)
+    assert [j.spec for j in other] != [j.spec for j in jobs]
+    assert [j.spec.seed for j in other] != [j.spec.seed for j in jobs]
+    small = hs.suite(SMALL)
+    assert len(small) == len(hs.FAMILIES) and max(j.world for j in small) <= 64
+
+
+def _job(family: str) -> hs.Job:
+    return next(j for j in hs.suite(SMALL, seed=3) if j.family == family)
+
+
+def _perfect(job: hs.Job, truth: dict[str, Any]) -> dict[str, Any]:
+    """A diagnosis that names every true fault exactly, one iteration after its onset."""
+    out = []
+    for u in hs.truth_units(job, truth):
+        if u["kind"] == "hang" and not u["triggered"]:
+            continue
+        out.append({"kind": u["kind"], "cause": u["cause"], "ranks": list(u["ranks"]),
+                    "link": u["link"], "stage": u["stage"], "start_ns": u["start_ns"],
+                    "end_ns": u["end_ns"],
+                    "detected_ns": u["start_ns"] + int((u["baseline_s"] or 0.1) * 1e9)})
+    return {"anomalies": out}
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, tuple[hs.Job, dict[str, Any]]]:
+    out = {}
+    for family in ("compute-then-link", "two-stragglers", "mixed", "clean", "hang-h2"):
+        job = _job(family)
+        _, _, truth = hg.generate(job.spec)
+        out[family] = (job, truth)
+    return out
+
+
+def _summary(generated: dict[str, tuple[hs.Job, dict[str, Any]]],
+             diags: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    diags = diags or {}
+    results = [hs.result(job, truth, diags.get(f) or _perfect(job, truth))
+               for f, (job, truth) in generated.items()]
+    return hs.summarize(results)
+
+
+def test_perfect_diagnosis_scores_one(generated: dict[str, Any]) -> None:
+    out = _summary(generated)
+    fig = out["figures"]
+    assert fig["slow_faults"] == 4 and fig["hang_faults"] == 1
+    for key in ("slow_f1", "cause_accuracy", "exact_rank_accuracy", "link_accuracy",
+                "stage_accuracy", "hang_f1", "hang_class_accuracy", "hang_root_accuracy"):
+        assert fig[key] == 1.0, key
+    assert fig["latency_median_iterations"] == pytest.approx(1.0)
+    assert fig["clean_run_anomalies"] == 0
+    assert out["all_floors_pass"]
+    assert set(out["floors"]) == set(hs.FLOORS)
+    assert out["families"]["mixed"]["link_accuracy"] == 1.0
+
+
+def test_wrong_rank_set_lowers_exact_rank_accuracy(generated: dict[str, Any]) -> None:
+    job, truth = generated["two-stragglers"]
+    diag = _perfect(job, truth)
+    diag["anomalies"][0]["ranks"] = diag["anomalies"][0]["ranks"][:1]  # one rank missed
+    out = _summary(generated, {"two-stragglers": diag})
+    fig = out["figures"]
+    assert fig["slow_f1"] == 1.0 and fig["cause_accuracy"] == 1.0
+    assert fig["exact_rank_accuracy"] == 0.75
+    assert out["families"]["two-stragglers"]["exact_rank_accuracy"] == 0.0
+    assert not out["floors"]["exact_rank_accuracy"]["pass"]
+
+
+def test_split_report_of_two_stragglers_is_one_find(generated: dict[str, Any]) -> None:
+    job, truth = generated["two-stragglers"]
+    diag = _perfect(job, truth)
+    a = diag["anomalies"][0]
+    b = copy.deepcopy(a)
+    a["ranks"], b["ranks"] = a["ranks"][:1], a["ranks"][1:]
+    diag["anomalies"].append(b)
+    fig = _summary(generated, {"two-stragglers": diag})["figures"]
+    assert fig["slow_false_positives"] == 0 and fig["exact_rank_accuracy"] == 1.0
+
+
+def test_clean_run_anomaly_is_a_false_positive(generated: dict[str, Any]) -> None:
+    job, truth = generated["compute-then-link"]
+    fake = copy.deepcopy(_perfect(job, truth)["anomalies"][0])
+    out = _summary(generated, {"clean": {"anomalies": [fake]}})
+    fig = out["figures"]
+    assert fig["clean_run_anomalies"] == 1 and fig["slow_false_positives"] == 1
+    assert fig["slow_precision"] == 0.8 and fig["slow_recall"] == 1.0
+    assert not out["floors"]["clean_run_anomalies"]["pass"]
+    assert not out["floors"]["slow_f1"]["pass"]
+
+
+def test_misses_wrong_cause_link_and_hang_class(generated: dict[str, Any]) -> None:
+    job, truth = generated["compute-then-link"]
+    diag = _perfect(job, truth)
+    diag["anomalies"] = [a for a in diag["anomalies"] if a["cause"] != "communication"]
+    mjob, mtruth = generated["mixed"]
+    mixed = _perfect(mjob, mtruth)
+    mixed["anomalies"][0].update(cause="compute", link=None)  # the issue's mixed miss
+    hjob, htruth = generated["hang-h2"]
+    hang = _perfect(hjob, htruth)
+    hang["anomalies"][0]["cause"] = "not_entered"
+    out = _summary(generated, {"compute-then-link": diag, "mixed": mixed, "hang-h2": hang})
+    fig = out["figures"]
+    assert fig["slow_recall"] == 0.75 and fig["slow_precision"] == 1.0
+    assert fig["cause_accuracy"] == pytest.approx(2 / 3, abs=1e-3)
+    assert fig["link_accuracy"] == 0.0  # the mixed fault's link, the only link found
+    assert fig["hang_f1"] == 1.0 and fig["hang_class_accuracy"] == 0.0
+    assert out["families"]["compute-then-link"]["slow_recall"] == 0.5
+
+
+def test_shrunken_suite_end_to_end() -> None:
+    out = hs.heldout_suite(SMALL, seed=0)
+    fig = out["figures"]
+    assert fig["jobs"] == len(out["per_job"]) == len(hs.FAMILIES)
+    assert fig["slow_faults"] >= 7 and fig["hang_faults"] == 3 and fig["clean_runs"] == 1
+    ratios = ("slow_precision", "slow_recall", "slow_f1", "cause_accuracy",
+              "exact_rank_accuracy", "link_accuracy", "stage_accuracy", "hang_precision",
+              "hang_recall", "hang_f1", "hang_class_accuracy", "hang_root_accuracy")
+    for key in ratios:
+        assert fig[key] is None or 0.0 <= fig[key] <= 1.0, key
+    assert fig["slow_f1"] is not None and fig["hang_f1"] is not None
+    for key in ("latency_median_iterations", "latency_p95_iterations",
+                "latency_max_iterations"):
+        assert fig[key] is None or fig[key] >= -1.0, key
+    assert fig["clean_run_anomalies"] >= 0
+    assert set(out["floors"]) == set(hs.FLOORS)
+    assert all(isinstance(f["pass"], bool) for f in out["floors"].values())
+    assert set(out["families"]) >= set(hs.FAMILIES) - {"link-dp"}
+    text = hs.table(out)
+    assert "slow_f1" in text and "two-stragglers" in text
