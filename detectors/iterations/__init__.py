@@ -21,9 +21,16 @@ at the operation closest in time to its boundaries and take its iteration number
 job's iteration (rank -1) runs from the last rank crossing one boundary to the last rank
 crossing the next, so a delay anywhere shows in exactly one job iteration.
 
+Jobs with very few collectives per iteration (pure DP: 1-3) leave the ACF little to bite
+on: ranks in no TP/PP/CP/EP communicator try early, commit after a few periods, take a
+single repeated call as a period of one, and complete the symbol period by the timing of
+the rounds (one dominant pause per iteration) or by the calls per framework step of their
+``span`` rows (:mod:`.fewops`).
+
 Modules: :mod:`.columns` (decoded ``coll`` rows, sorting and grouping helpers shared with
-the other detectors), :mod:`.period` (symbols and the ACF period), :mod:`.rank_state` (the
-per-rank state and its anchor) and :mod:`.tracker` (:class:`IterationTracker`).
+the other detectors), :mod:`.period` (symbols and the ACF period), :mod:`.fewops` (periods
+of very few operations), :mod:`.rank_state` (the per-rank state and its anchor) and
+:mod:`.tracker` (:class:`IterationTracker`).
 """
 
 from failslow.detectors.iterations.columns import (

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from failslow import events, results
 from failslow.detectors.base import EventBatch
+from failslow.detectors.iterations import fewops
 from failslow.detectors.iterations.columns import _median, coll_columns, rank_time_order
 from failslow.detectors.iterations.period import find_period, symbols
 from failslow.detectors.iterations.rank_state import _Rank, commit_anchor
@@ -38,7 +39,14 @@ class IterationConfig:
     max_buffer: int = 100000  # operations kept per rank while learning
     projections: int = 4  # numeric embeddings of the symbols for the ACF
     lost_periods: float = 3.0  # relearn when no anchor was seen for this many periods
-
+    # ranks with very few ops per iteration (pure DP, :mod:`.fewops`)
+    few_min_ops: int = 8  # first attempt
+    few_commit_ops: int = 12  # commit on this many ops ...
+    few_commit_periods: int = 6  # ... covering at least this many periods
+    few_max_period: int = 4  # longest period completed by the timing of the rounds
+    few_ratio: float = 1.25  # the iteration's pause over the other gaps of its symbol
+    few_min_rows: int = 4  # periods that may refute a multiple, and that confirm it
+    few_confirm_rows: int = 8
 
 
 class IterationTracker:
@@ -73,6 +81,9 @@ class IterationTracker:
         self._kind_ids = np.array(sorted(kinds), dtype=np.uint64)
         self._kind_codes = np.array([kinds[c] for c in sorted(kinds)], dtype=np.uint64)
         self._periods: dict[bytes, int] = {}  # cache: symbol sequence digest -> period
+        # ranks that may have periods of very few ops, whether any may, their spans
+        self._few, self._any_few = fewops.few_ops_ranks(meta)
+        self._spans = fewops.SpanSteps()
         self._since = np.zeros(0, dtype=np.int64)  # ops since the latest anchor, per rank
         self._period_cache: np.ndarray | None = None
         self._anchor_cache: np.ndarray | None = None  # (comm, mod, res, offset) by rank
@@ -101,6 +112,9 @@ class IterationTracker:
     # ------------------------------------------------------------------ update
 
     def update(self, batch: EventBatch) -> pa.Table:
+        span = batch.get("span")
+        if self._any_few and span is not None and span.num_rows:
+            self._add_spans(span)
         coll = batch.get("coll")
         if coll is None or coll.num_rows == 0:
             return results.empty("iterations")
@@ -178,7 +192,7 @@ class IterationTracker:
         for r, s0, cnt in zip(ranks.tolist(), starts.tolist(), counts.tolist(), strict=True):
             st = get(r)
             if st is None:
-                st = self.ranks[r] = _Rank(next_try=c.min_ops)
+                st = self.ranks[r] = _Rank(next_try=self._first_try(r))
                 self._committed_all = False
             end = s0 + cnt
             pos[r] = (s0, end)
@@ -282,7 +296,7 @@ class IterationTracker:
         periods = self._periods_of(uranks)
         for r in uranks[self._since[uranks] > self.config.lost_periods * periods].tolist():
             st = self.ranks[r]
-            self.ranks[r] = _Rank(next_try=self.config.min_ops, last_idx=st.last_idx,
+            self.ranks[r] = _Rank(next_try=self._first_try(r), last_idx=st.last_idx,
                                   last_t=st.last_t)
             self._buf[r] = []
             self._nbuf[r] = 0
@@ -320,21 +334,36 @@ class IterationTracker:
         n = self._nbuf[rank] = buf.shape[1]
         comm, seq, opc, nbytes, t = (buf[0].view(np.uint64), buf[1], buf[2],
                                      buf[3].view(np.uint64), buf[4])
-        period = self._period(comm, opc, None if st.nobytes else nbytes)
-        if period == 0 and not st.nobytes and n >= 4 * c.min_commit_ops:
+        few = self._few(rank) and not np.any(opc >= events.OP["send"])  # no send/recv
+        period = self._period(comm, opc, None if st.nobytes else nbytes, few)
+        if period == 0 and not st.nobytes and \
+                n >= 4 * (c.few_commit_ops if few else c.min_commit_ops):
             # bytes that vary between iterations (e.g. sequence lengths) break exact
             # repetition: fall back to (communicator, op)
             st.nobytes = True
-            period = self._period(comm, opc, None)
+            period = self._period(comm, opc, None, few)
         need = max(c.min_commit_ops, c.min_commit_periods * period)
+        if few and period:
+            # very few ops per iteration (:mod:`.fewops`): commit after a few periods,
+            # the symbol period completed by the timing of the rounds
+            t_need = fewops.timing_need(period, c.few_max_period, c.few_min_rows)
+            per = self._spans.calls_per_step(rank, t, t_now) if len(self._spans.rows) else 0
+            if per and per % period == 0:
+                period, t_need = per, 0  # calls per framework step
+            elif n >= t_need:
+                period, t_need = fewops.timing_period(
+                    period, t, c.few_max_period, c.few_ratio, c.few_min_rows,
+                    c.few_confirm_rows)
+            need = max(c.few_commit_ops, c.few_commit_periods * period, t_need)
         if period == 0 or n < need:
             self._defer(rank, st, buf, n, need if period else 0)
             return None
         # reconcile with the reference in time: a rank whose calls repeat every micro-batch
         # (e.g. the last pipeline stage without DP sync) has a sub-period of the iteration
+        # (not a rank of very few ops: no micro-batches; its own timing decided)
         promote = False
         ref = self.ref_bounds[self.ref_bounds[:, 1] <= t_now] if self.ref_rank >= 0 else None
-        t_ref = self._ref_period_ns(ref)
+        t_ref = 0.0 if few else self._ref_period_ns(ref)
         if t_ref > 0:
             t_own = _median(t[period:] - t[:-period])
             if t_ref > 1.5 * t_own:
@@ -354,6 +383,7 @@ class IterationTracker:
             self._reset_others(rank, t_now)
         commit_anchor(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
         self._invalidate()
+        self._spans.drop(rank)
         if self.ref_rank < 0:
             self.ref_rank = rank
         self._buf.pop(rank, None)
@@ -371,8 +401,26 @@ class IterationTracker:
             self._nbuf[rank] = keep
             st.next_try = c.max_buffer
 
-    def _period(self, comm: np.ndarray, opc: np.ndarray, nbytes: np.ndarray | None) -> int:
-        """:func:`find_period` of the symbols, cached by sequence (ranks of one role)."""
+    def _add_spans(self, span: pa.Table) -> None:
+        """Keep the span rows of learning ranks of very few ops (:class:`.SpanSteps`)."""
+        rank = span.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+        ranks = self.ranks
+        ok = [r for r in np.unique(rank).tolist()
+              if r >= 0 and self._few(r) and not (r in ranks and ranks[r].period)]
+        if ok:
+            sel = np.isin(rank, ok)
+            cols = [span.column(k).to_numpy()[sel] for k in ("step", "t_start", "t_end")]
+            self._spans.add(rank[sel], *cols)
+
+    def _first_try(self, rank: int) -> int:
+        """Buffered calls of the first attempt to learn ``rank``'s period."""
+        c = self.config
+        return c.few_min_ops if self._few(rank) else c.min_ops
+
+    def _period(self, comm: np.ndarray, opc: np.ndarray, nbytes: np.ndarray | None,
+                few: bool = False) -> int:
+        """:func:`find_period` of the symbols, cached by sequence (ranks of one role);
+        with ``few``, 1 for a single repeated symbol (:func:`.fewops.symbol_period`)."""
         c = self.config
         channel = comm
         if len(self._kind_ids):
@@ -385,7 +433,7 @@ class IterationTracker:
                 self._periods.clear()
             self._periods[key] = find_period(sym, c.threshold, c.max_lag, c.multiple_slack,
                                              c.projections)
-        return self._periods[key]
+        return fewops.symbol_period(sym, self._periods[key]) if few else self._periods[key]
 
     def _ref_period_ns(self, b: np.ndarray | None) -> float:
         """The reference rank's iteration time from its boundaries ``b`` (0 when
@@ -402,7 +450,7 @@ class IterationTracker:
         self._reset_ranks = []
         for r in list(self.ranks):
             if r != rank and self.ranks[r].period:
-                self.ranks[r] = _Rank(next_try=self.config.min_ops)
+                self.ranks[r] = _Rank(next_try=self._first_try(r))
                 self._buf[r] = []
                 self._nbuf[r] = 0
                 self._reset_ranks.append(r)
@@ -527,7 +575,7 @@ class IterationTracker:
             "job_last_idx": self.job_last_idx,
             "job": [list(x) for x in self.job],
             "ref_rank": self.ref_rank, "ref_bounds": self.ref_bounds.tolist(),
-            "since": self._since.tolist(),
+            "since": self._since.tolist(), "spans": self._spans.snapshot(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -541,6 +589,7 @@ class IterationTracker:
         self.ref_rank = int(state["ref_rank"])
         self.ref_bounds = np.array(state["ref_bounds"], dtype=np.int64).reshape(-1, 2)
         self._since = np.array(state["since"], dtype=np.int64)
+        self._spans.restore(state.get("spans", []))
         self._invalidate()
 
 
