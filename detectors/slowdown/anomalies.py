@@ -102,9 +102,14 @@ class AnomalyLifecycle:
             return []
         first, comm_ok, nodes, roots = found
         win = self._window(op, op.onset_pos + first, self.timeline.horizon)
-        loc = self.localizer.localize(win, op, roots=roots, comm=comm_ok)
+        # a slow link's end may compute slowly too although no iteration alone showed it
+        # (a once-per-iteration sync in every other iteration's window): the whole window
+        skip = self._below(op)
+        loc = self.localizer.localize(win, op, roots=roots, comm=comm_ok, link_root=True,
+                                      skip=skip)
         if comm_ok and loc["cause"] == "compute":
-            loc = self.localizer.localize(win, op, roots=roots, comm=True, force_comm=True)
+            loc = self.localizer.localize(win, op, roots=roots, comm=True, force_comm=True,
+                                          link_root=True, skip=skip)
         loc["signature"] = [comm_ok, nodes, roots]
         if not loc["confident"]:
             return []
@@ -179,7 +184,7 @@ class AnomalyLifecycle:
             if t0 + d > self.timeline.horizon:
                 break
             one = self.localizer.localize(self._window(op, self.timeline.offset + a, t0 + d), op,
-                                light=True)
+                                          light=True, skip=self._below(op))
             # the signature, and the slow groups behind its communication evidence
             op.per_iter.append([*one["signature"], one["groups"]] if one["confident"]
                                else None)
@@ -240,6 +245,13 @@ class AnomalyLifecycle:
             return None
         first = min(starts)
         return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
+
+    def _below(self, op: SlowLevel) -> frozenset[int]:
+        """The root ranks of the open anomalies below ``op``: a further slow level's
+        reference already holds their slowness."""
+        below = self.levels[:self.levels.index(op)] if op in self.levels else []
+        return frozenset(int(r) for lv in below if lv.state == "open"
+                         for r in lv.anomaly.get("ranks") or [])
 
     def _informative(self, op: SlowLevel, hit: list[bool]) -> list[bool | None]:
         """``hit`` with None for the slow iterations that say nothing about the slow

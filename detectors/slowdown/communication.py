@@ -5,7 +5,7 @@ slow groups cross, ties broken by RDMA queue-pair occupancy, MEGATRACE §III-B).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,10 +48,16 @@ class TransferNoise:
 
 
 def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
-                noise: TransferNoise, force: bool = False) -> list[dict[str, Any]]:
+                noise: TransferNoise, force: bool = False, roots: Sequence[int] = ()
+                ) -> list[dict[str, Any]]:
     """Greyhound §4.3 cross-group comparison on transfer times: groups slower than their
     own baseline by more than 10%, and than the median of their comparable cluster by
-    more than 10% -- or the whole cluster is slower (a link every group crosses)."""
+    more than 10% -- or the whole cluster is slower (a link every group crosses).
+
+    A group slow that way, ``own_link_ratio`` times slower than its reference and with
+    one of the ``roots`` (compute roots) as a member is kept however little time it
+    costs, flagged ``own``: the root's own link may be slow too (CCL-D S3, mixed; a late
+    arrival leaves the transfer itself, timed from the last entry, as it was)."""
     c = config
     by = ("cidx", "group", "cls")
     w = stats.grp.query(win.lo, win.hi, by)
@@ -96,7 +102,10 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
     if not (ok & matters).any() and force:
         # the slow link persisted iteration by iteration: keep its strongest groups
         matters = impact >= 0.5 * float(np.max(np.where(ok, impact, 0.0)))
-    ok &= matters
+    mine = np.zeros(len(ok), dtype=bool)
+    if len(roots):
+        mine = ok & (own >= c.own_link_ratio) & _member_of(stats, w["cidx"], w["group"], roots)
+    ok &= matters | mine
     out = []
     for j in np.flatnonzero(ok)[np.argsort(-impact[ok])].tolist():
         cidx, group = int(w["cidx"][j]), int(w["group"][j])
@@ -104,8 +113,21 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
                  else stats.registry.ranks(cidx))
         out.append({"cidx": cidx, "group": group, "kind": str(kinds[j]),
                     "ranks": [int(x) for x in ranks], "ratio": float(own[j]),
-                    "cross": float(cross[j]), "impact": float(impact[j])})
+                    "cross": float(cross[j]), "impact": float(impact[j]),
+                    "own": bool(mine[j])})
     return out
+
+
+def _member_of(stats: BinnedStats, cidx: np.ndarray, group: np.ndarray,
+               ranks: Sequence[int]) -> np.ndarray:
+    """Per group row: has it one of ``ranks`` at an end (a point-to-point pair) or as a
+    member (a collective)?"""
+    want = np.asarray(list(ranks), dtype=np.int64)
+    p2p = group >= 0
+    out = p2p & (np.isin(group >> 32, want) | np.isin(group & 0xFFFFFFFF, want))
+    coll = np.unique(cidx[~p2p])
+    hit = [int(ci) for ci in coll.tolist() if np.isin(stats.registry.ranks(int(ci)), want).any()]
+    return out | (~p2p & np.isin(cidx, hit))
 
 
 def group_noise(b: dict[str, np.ndarray], kinds_of: Callable[[np.ndarray], np.ndarray]
@@ -197,14 +219,14 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
     score: dict[tuple[str, str], float] = {}
     for g in slow:
         seen: set[tuple[str, str]] = set()
-        for a, b in _edges(g):
+        for a, b in edges_of(g):
             na, nb = sorted((node(a), node(b)))
             if na != nb and (na, nb) not in seen:
                 seen.add((na, nb))
                 score[(na, nb)] = score.get((na, nb), 0.0) + g["impact"]
     if not score:  # every slow edge stays inside a node (NVLink, PCIe)
         for g in slow:
-            for a, b in _edges(g):
+            for a, b in edges_of(g):
                 if node(a) == node(b):
                     score[(node(a), node(b))] = score.get((node(a), node(b)), 0.0) \
                         + g["impact"]
@@ -225,7 +247,8 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
     return pair, list(nodes), cidx, occ
 
 
-def _edges(g: dict[str, Any]) -> list[tuple[int, int]]:
+def edges_of(g: dict[str, Any]) -> list[tuple[int, int]]:
+    """A slow group's edges: its point-to-point pair, or its ring's neighbour pairs."""
     if g["group"] >= 0:
         return [(g["ranks"][0], g["ranks"][1])]
     ring = g["ranks"]
@@ -243,7 +266,7 @@ def _link_pair(stats: BinnedStats, config: SlowdownConfig, win: Window, na: str,
     # lost the most (within half of the strongest) come first, then the convention
     strength: dict[frozenset[int], float] = {}
     for g in slow:
-        for e in _edges(g):
+        for e in edges_of(g):
             key = frozenset(e)
             strength[key] = max(strength.get(key, 0.0), float(g["impact"]))
     top = max(strength.values(), default=0.0)
@@ -293,7 +316,7 @@ def _link_pair(stats: BinnedStats, config: SlowdownConfig, win: Window, na: str,
             best = cand
     if best is None:
         for g in slow:
-            for a, b in _edges(g):
+            for a, b in edges_of(g):
                 if {node(a), node(b)} == ends:
                     return [int(a), int(b)], int(g["cidx"])
         return None, -1

@@ -60,7 +60,8 @@ def compute_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
                   graph: WaitGraph | None = None) -> list[int] | None:
     """Ranks whose own compute per iteration grew (:func:`compute_excess`) by at least
     ``compute_share`` of the time lost per iteration and by at least ``compute_top`` of
-    the largest such growth, strongest first; ``[]`` when no rank did; None when the
+    the largest such growth, strongest first, and after them the weaker ones that stand
+    out of the rest (:func:`_minor`); ``[]`` when no rank did; None when the
     gaps say nothing (no gap data, or so many ranks qualify that waiting shows in the
     gaps: hosts that block outside the library calls). With the wait-for ``graph``, a
     root must also be waited on more than before by its peers in some round: a host
@@ -82,8 +83,44 @@ def compute_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
         return []
     if n > c.max_roots:
         return None
-    order = np.argsort(-excess[hit], kind="stable")
-    return [int(r) for r in rw[hit][order]]
+    order = np.argsort(-excess, kind="stable")
+    return [int(r) for r in rw[order[:_minor(excess[order], n, c)]]]
+
+
+def _minor(ranked: np.ndarray, n: int, config: SlowdownConfig) -> int:
+    """How many of the excesses ``ranked`` (descending) name roots: the first ``n``
+    and after them each that is at least ``minor_share`` and ``minor_lead`` times the
+    next one (a second straggler whose slowness the first one's partly hides), up to
+    ``max_roots``."""
+    c = config
+    k = n
+    while k < min(len(ranked), c.max_roots):
+        nxt = float(ranked[k + 1]) if k + 1 < len(ranked) else 0.0
+        if ranked[k] < c.minor_share or ranked[k] < c.minor_lead * max(nxt, 0.0):
+            break
+        k += 1
+    return k
+
+
+def link_end_root(stats: BinnedStats, config: SlowdownConfig, win: Window,
+                  graph: WaitGraph, ends: set[int]) -> list[int]:
+    """The compute side of a mixed slow-down whose link took most of the lost time: the
+    rank whose own compute grew the most (:func:`compute_excess`) when it is an end of
+    the slow link (``ends``), grew by at least ``minor_share`` of the time lost and
+    ``minor_lead`` times more than any other rank, and is waited on more by its peers.
+    Its share of the lost time stays below ``compute_share`` because the slow transfers
+    took the rest; a slow link alone makes no single end compute longer."""
+    c = config
+    got = compute_excess(stats, win)
+    if got is None or len(got[0]) < 2 or not ends:
+        return []
+    rw, excess = got
+    top = int(np.argmax(excess))
+    waited = sum(graph.in_by.get(int(rw[top]), {}).values())
+    if int(rw[top]) in ends and waited > c.waited_share * win.lost and \
+            _minor(np.sort(excess)[::-1], 0, c) >= 1:
+        return [int(rw[top])]
+    return []
 
 
 def explained_by(stats: BinnedStats, config: SlowdownConfig, win: Window, roots: list[int],

@@ -57,6 +57,13 @@ class SlowdownConfig:
     comm_share: float = 0.15  # a slow group matters: extra transfer >= share x lost time
     root_asym: float = 0.8  # wait graph: peers wait on a root more than it waits on them
     mixed_share: float = 0.6  # a root on a slow link also computes slowly (wait graph)
+    # mixed slow-downs (CCL-D S3): a compute root's own link is slow too
+    own_link_ratio: float = 1.5  # a root's own transfers this much slower than their
+    #                              reference are its slow link, however little time they cost
+    minor_share: float = 0.1  # a rank whose compute grew by this share of the lost time ...
+    minor_lead: float = 3.0  # ... and this many times the next rank's growth computes slowly
+    #                          too, next to a stronger root or at an end of a slow link that
+    #                          took most of the lost time
     localize_retries: int = 12  # iterations to wait for a persistent root before dropping
     min_window_iterations: float = 1.0  # the anomaly window before a localization counts
     consistency: float = 0.6  # share of the slow iterations whose own root must agree

@@ -2,7 +2,11 @@
 §4.3, MEGATRACE §III): communication (slow groups, degraded links, :mod:`.communication`),
 computation (ranks whose own compute grew, else the sinks of the wait-for graph,
 :mod:`.compute`), or both; CCL-D's ``R`` and ``P`` (:mod:`.attribution`) for the
-communicator that shows the anomaly, and the onset within the time bins."""
+communicator that shows the anomaly, and the onset within the time bins.
+
+Both (CCL-D S3, ``mixed``) only when a compute root is an end of the slow link: one anomaly,
+``ranks`` the slow rank, ``link`` the slow link as a communication anomaly names it; compute
+roots off the link are ``independent``, a second fault (the package docstring)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,18 @@ import numpy as np
 
 from failslow.detectors.slowdown.accounting import BinnedStats
 from failslow.detectors.slowdown.attribution import rp
-from failslow.detectors.slowdown.communication import TransferNoise, find_link, slow_groups
+from failslow.detectors.slowdown.communication import (
+    TransferNoise,
+    edges_of,
+    find_link,
+    slow_groups,
+)
 from failslow.detectors.slowdown.compute import (
     compute_roots,
     compute_stage,
     explained_by,
     gpu_evidence,
+    link_end_root,
     wait_graph,
 )
 from failslow.detectors.slowdown.config import KIND_STAGE, SlowdownConfig
@@ -45,21 +55,30 @@ class Localizer:
 
     def localize(self, win: Window, op: SlowLevel | None = None, light: bool = False,
                  roots: list[int] | None = None, comm: bool = True,
-                 force_comm: bool = False) -> dict[str, Any]:
+                 force_comm: bool = False, link_root: bool = False,
+                 skip: frozenset[int] = frozenset()) -> dict[str, Any]:
         """Root cause of the slow-down in ``win`` against its reference window:
         communication (slow groups, degraded links), computation (ranks whose own compute
-        grew, else the sinks of the wait-for graph), or both (module docstring)."""
+        grew, else the sinks of the wait-for graph), or both (module docstring). Given
+        ``roots`` are the compute roots; with ``link_root``, when they are empty, an end
+        of the slow link whose compute grew may still be one (:func:`link_end_root`), but
+        none of ``skip`` (the roots of the open anomalies below this one)."""
         c = self.config
         stats = self.stats
-        slow = slow_groups(stats, c, win, self.noise, force_comm) if comm else []
+        given = roots is not None
         graph = wait_graph(stats, win)
         comp = roots if roots is not None else compute_roots(stats, c, win, graph)
+        slow = slow_groups(stats, c, win, self.noise, force_comm, comp or []) if comm else []
         comm_evidence = bool(slow)
         members: set[int] = set()
         for g in slow:
             members.update(g["ranks"])
         if comp is not None:
             roots = comp
+            if not roots and comm_evidence and (link_root or not given):
+                # a slow link took most of the lost time: one of its ends may still be
+                # the slow rank of a mixed slow-down
+                roots = link_end_root(stats, c, win, graph, _link_ends(stats, slow) - skip)
         else:
             roots = graph.roots(c.wait_share * win.lost, c.root_asym * win.lost,
                                 keep_top=not comm_evidence)
@@ -68,8 +87,11 @@ class Localizer:
             roots = [r for r in roots if r not in members
                      or graph.peer_wait(r, members, {g["cidx"] for g in slow})
                      >= c.mixed_share * win.lost]
-        if comm_evidence and roots and explained_by(stats, c, win, list(roots), slow):
-            slow, comm_evidence = [], False
+        side = [g for g in slow if not g["own"]]
+        if side and roots and explained_by(stats, c, win, list(roots), side):
+            # a root's own transfers that are much slower are no side effect of it
+            slow = [g for g in slow if g["own"]]
+            comm_evidence = bool(slow)
         members = {r for g in slow for r in g["ranks"]}
         self.evidence = {"window": win, "slow_groups": slow, "compute": comp,
                          "graph": graph, "roots": roots,
@@ -91,6 +113,15 @@ class Localizer:
             link, nodes, rp_cidx, occupancy = find_link(stats, c, win, slow)
             if occupancy is not None:
                 self.evidence["occupancy"] = occupancy
+        # mixed (CCL-D S3) is a slow rank whose own link is slow too: it is an end of the
+        # link, or of a slow edge over the link's node pair
+        on_link = cause == "mixed" and _on_link(stats, roots, link, nodes, slow)
+        if cause == "mixed" and not on_link and all(g["own"] for g in slow):
+            # the roots' own slow transfers were kept however little time they cost: not
+            # over the slow link, they are no fault of their own
+            cause, comm_evidence, slow = "compute", False, []
+            link, nodes, rp_cidx = None, [], -1
+            out["cause"] = cause
         out["link"] = link
         ranks = (sorted(link) if link else []) if cause == "communication" else sorted(roots)
         out["ranks"] = [int(r) for r in ranks]
@@ -100,9 +131,9 @@ class Localizer:
         ident = sorted(nodes) if len(set(nodes)) == 2 else [str(r) for r in sorted(link or [])]
         out["signature"] = [cause != "compute", ident, sig_ranks]
         out["groups"] = [[int(g["cidx"]), int(g["group"])] for g in slow]
-        # mixed (CCL-D S3) is one rank whose own transfers are slow too; compute roots
-        # outside every slow group are a fault of their own next to the slow link
-        out["independent"] = cause == "mixed" and not members.intersection(roots)
+        # compute roots none of which is on the slow link are a fault of their own next
+        # to it (CCL-D S1 and S2 at once): two anomalies
+        out["independent"] = cause == "mixed" and not on_link
         if light:
             return out
         if cause in ("communication", "mixed") and rp_cidx >= 0:
@@ -172,6 +203,28 @@ class Localizer:
         if not found:
             return start_ns
         return int(min(min(found) << s, self.timeline.horizon - 1))
+
+
+def _link_ends(stats: BinnedStats, slow: list[dict[str, Any]]) -> set[int]:
+    """The ranks at the ends of the slow groups' edges that join two nodes (all of their
+    edges when every one stays inside a node)."""
+    node = stats.meta.node_of
+    edges = [e for g in slow for e in edges_of(g)]
+    cross = [e for e in edges if node(e[0]) != node(e[1])] or edges
+    return {int(r) for e in cross for r in e}
+
+
+def _on_link(stats: BinnedStats, roots: list[int], link: list[int] | None,
+             nodes: list[str], slow: list[dict[str, Any]]) -> bool:
+    """Is one of ``roots`` an end of the slow ``link``, or of a slow group's edge over the
+    link's node pair (a link between two nodes slows every pair across it)?"""
+    if link and set(roots) & set(link):
+        return True
+    node = stats.meta.node_of
+    ends = set(nodes)
+    return len(ends) == 2 and any(
+        {node(a), node(b)} == ends and (a in roots or b in roots)
+        for g in slow for a, b in edges_of(g))
 
 
 def _first_above(bins: np.ndarray, values: np.ndarray, b_lo: int, b_hi: int, lo: int,

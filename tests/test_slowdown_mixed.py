@@ -1,0 +1,143 @@
+"""Mixed slow-downs and simultaneous faults (CCL-D §4.2.2: S1 compute, S2 communication,
+S3 mixed), on the simulator and on the independent held-out generator, at 32 to 256 ranks
+and with seeds the detector was not tuned on:
+
+* a rank that computes slower while its own inter-node link is slow is ONE anomaly, cause
+  ``mixed``, ``ranks`` = that rank (not its link peer), ``link`` = the slow link's two ranks
+  (the simulator's convention for a link between two nodes; the rank and its peer when the
+  held-out generator slows that one rank pair);
+* two stragglers slowed over the same iterations in different DP and PP groups, one much
+  weaker than the other, are both named, exactly (one anomaly: both truths, the
+  simulator's multi-rank fault and the held-out scorer, count them as one fault);
+* a straggler and a slow link it does not use are two anomalies, compute and communication.
+
+Only the slow-down detector's reports (``slow-*``) are checked: the link-rate detector
+(``linkrate-*``) reports slow links on its own terms.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from failslow.analyze import analyze
+from failslow.bench import heldout as hg
+from failslow.bench.accuracy import _job
+from failslow.simulator import scenario_from_dict, simulate, write_sim
+
+F = hg.Fault
+GPN = 8
+
+
+def _slowdowns(path: Path) -> list[dict[str, Any]]:
+    found = analyze(path).to_dict()["anomalies"]
+    return [a for a in found if str(a["id"]).startswith("slow-")]
+
+
+def _heldout(spec: hg.Spec, path: Path) -> list[dict[str, Any]]:
+    hg.write(spec, path)
+    return _slowdowns(path)
+
+
+def _mixed_faults(rank: int, peer: int, factor: float, link: float) -> list[hg.Fault]:
+    """A compute fault on ``rank`` and a link fault on its own link to ``peer``, over the
+    same iterations: the held-out generator's mixed slow-down."""
+    return [F("compute", rank, start=12, end=30, factor=factor),
+            F("communication", rank, peer=peer, start=12, end=30, factor=link)]
+
+
+HELDOUT_MIXED = {
+    # name: (spec, slow rank, its link peer)
+    "dp-ring-hop-32": (hg.Spec(tp=2, dp=8, pp=2, faults=_mixed_faults(7, 9, 1.5, 3.0),
+                               seed=311), 7, 9),
+    "pp-64": (hg.Spec(tp=2, dp=8, pp=4, faults=_mixed_faults(13, 29, 1.5, 3.0), seed=312),
+              13, 29),
+    "pp-128": (hg.Spec(tp=4, dp=8, pp=4, faults=_mixed_faults(100, 68, 1.5, 3.0), seed=313),
+               100, 68),
+    "pp-last-stage-256": (hg.Spec(tp=8, dp=8, pp=4, faults=_mixed_faults(203, 139, 1.6, 3.0),
+                                  seed=314), 203, 139),
+}
+
+
+@pytest.mark.parametrize("name", list(HELDOUT_MIXED))
+def test_heldout_mixed_is_one_anomaly_on_the_slow_rank(name: str, tmp_path: Path) -> None:
+    """The slow rank and its own slow link: one ``mixed`` anomaly naming the rank (not its
+    link peer) and the link between them; R and P of the link's communicator."""
+    spec, rank, peer = HELDOUT_MIXED[name]
+    assert spec.world in (32, 64, 128, 256) and rank // GPN != peer // GPN
+    found = _heldout(spec, tmp_path / name)
+    assert [(a["kind"], a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
+        ("slow", "mixed", [rank], sorted([rank, peer]))], name
+    assert found[0]["R"] is not None and found[0]["P"] is not None
+    assert found[0]["end_ns"] is not None
+
+
+SIM_MIXED = {
+    # name: (tp, pp, dp, slow rank, severity, link severity, seed)
+    "sim-32": (2, 4, 4, 13, 1.5, 4.0, 71),
+    "sim-64": (2, 4, 8, 20, 1.4, 5.0, 72),
+    "sim-128": (4, 4, 8, 45, 1.4, 3.0, 73),
+    "sim-256": (4, 4, 16, 70, 1.5, 4.0, 74),
+}
+
+
+@pytest.mark.parametrize("name", list(SIM_MIXED))
+def test_simulator_mixed_is_one_anomaly_on_the_slow_rank(name: str, tmp_path: Path) -> None:
+    """The simulator's ``mixed`` fault: a rank computes slower and the link between its node
+    and its next pipeline stage's node is slower. One ``mixed`` anomaly, ``ranks`` = the
+    rank, ``link`` = the truth's pair (the simulator names a link between two nodes by its
+    first pipeline pair, lower stage first) over the rank's own node."""
+    tp, pp, dp, rank, sev, lsev, seed = SIM_MIXED[name]
+    nodes = [rank // GPN, (rank + tp * dp) // GPN]
+    spec = _job(tp, pp, dp, mb=8 if tp * pp * dp >= 128 else None,
+                timing={"pp_bytes": 64 << 20},
+                faults=[{"cause": "mixed", "ranks": [rank], "nodes": nodes, "start": 12,
+                         "duration": 12, "severity": sev, "link_severity": lsev}])
+    spec["job"] = f"mixed-{name}"
+    result = simulate(scenario_from_dict(spec, name), seed)
+    write_sim(result, tmp_path / name, "parquet")
+    truth = [a for a in result.truth.anomalies if a.kind == "slow"]
+    assert [(t.cause, t.ranks) for t in truth] == [("mixed", [rank])]
+    found = _slowdowns(tmp_path / name)
+    assert [(a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
+        ("mixed", [rank], sorted(truth[0].link or []))], name
+    assert rank // GPN in {r // GPN for r in found[0]["link"]}
+
+
+def test_two_stragglers_in_different_groups_are_both_named(tmp_path: Path) -> None:
+    """Rank 5 (stage 0) computes 2x slower and rank 26 (stage 1, another DP and PP group)
+    1.3x slower over the same iterations: the stronger one partly hides the weaker one,
+    whose share of the lost time stays small, but it stands out of every other rank and
+    is named too."""
+    spec = hg.Spec(tp=2, dp=8, pp=2, seed=321,
+                   faults=[F("compute", 5, start=12, end=30, factor=2.0),
+                           F("compute", 26, start=12, end=30, factor=1.3)])
+    found = _heldout(spec, tmp_path / "two")
+    assert [(a["cause"], sorted(a["ranks"])) for a in found] == [("compute", [5, 26])]
+
+
+def test_two_simulated_stragglers_in_different_groups(tmp_path: Path) -> None:
+    """The simulator's two-rank compute fault, ranks in different stages, DP groups and
+    pipelines of a 128-rank job: one anomaly naming exactly both."""
+    spec = _job(4, 4, 8, mb=8, faults=[{"cause": "compute", "ranks": [21, 90], "start": 12,
+                                        "duration": 12, "severity": 1.4}])
+    spec["job"] = "two-stragglers"
+    result = simulate(scenario_from_dict(spec, "two"), 75)
+    write_sim(result, tmp_path / "two", "parquet")
+    found = _slowdowns(tmp_path / "two")
+    assert [(a["cause"], sorted(a["ranks"])) for a in found] == [("compute", [21, 90])]
+
+
+def test_straggler_and_unrelated_link_are_two_anomalies(tmp_path: Path) -> None:
+    """Rank 40 (stage 2) computes 1.6x slower while the link 3-19 (another pipeline,
+    stages 0-1) is 3x slower: the link has no end on the slow rank, so these are two
+    faults, a compute anomaly on 40 and a communication anomaly on 3-19, not one mixed."""
+    spec = hg.Spec(tp=2, dp=8, pp=4, pp_bytes=64 << 20, seed=331,
+                   faults=[F("compute", 40, start=12, end=30, factor=1.6),
+                           F("communication", 3, peer=19, start=12, end=30, factor=3.0)])
+    found = _heldout(spec, tmp_path / "apart")
+    got = sorted((a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found)
+    assert got == [("communication", [3, 19], [3, 19]), ("compute", [40], [])]
+    assert len({a["id"] for a in found}) == 2
