@@ -182,8 +182,8 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     import dataclasses
 
     from failslow.analyze import _membership, replay_dir
+    from failslow.comms import infer_comms
     from failslow.detectors.job import JobAnalyzer, JobConfig
-    from failslow.detectors.slowdown import infer_comms
     from failslow.mitigation.planner import PlannerConfig
     from failslow.tracedir import TraceDir
 

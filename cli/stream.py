@@ -185,7 +185,7 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 def _windows(trace_dir: Path, window_ns: int, job: str | None
              ) -> tuple[list[Any], Iterator[tuple[int, dict[str, pa.Table]]], int, list[str]]:
-    from failslow.detectors.slowdown import infer_comms
+    from failslow.comms import infer_comms
     from failslow.replay import replay
     from failslow.tracedir import DATA_KINDS, TraceDir
 

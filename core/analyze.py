@@ -23,9 +23,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from failslow import events
+from failslow.comms import infer_comms
 from failslow.detectors.base import EventBatch
 from failslow.detectors.job import JobAnalyzer, JobConfig
-from failslow.detectors.slowdown import infer_comms
 from failslow.diagnosis import Diagnosis
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay

@@ -188,7 +188,7 @@ class CollOps:
 
 def coll_ops(coll: pa.Table, meta: JobMeta) -> CollOps:
     """Pair the ``enter`` and ``end`` rows of every operation (by rank, comm, seq)."""
-    from failslow.detectors.slowdown import infer_comms
+    from failslow.comms import infer_comms
 
     n = coll.num_rows
     rank = np.asarray(coll.column("rank").to_numpy(), dtype=np.int64)

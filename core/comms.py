@@ -1,0 +1,67 @@
+"""Communicators of a job from the event contract alone (events.md: ``meta.comms`` may be
+empty; consumers then infer membership from ``coll`` rows and the kind from membership and
+the parallel degrees, Megatron's rank layout first)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from failslow.events import Comm, JobMeta
+
+_DIMS = ("tp", "cp", "dp", "pp")
+
+
+def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False) -> str:
+    """The kind of a communicator from its members and the job's parallel degrees.
+
+    Ranks are laid out with one dimension varying fastest; we try Megatron's default
+    order (tp, cp, dp, pp) first, then the other orders, and take the first under which the
+    members differ in exactly one dimension and cover it. A communicator of the whole world
+    is ``world``; point-to-point-only communicators that fit no layout are ``pp``.
+    """
+    n = len(ranks)
+    if n == meta.world_size and n > 1:
+        return "world"
+    degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
+    arr = np.asarray(ranks, dtype=np.int64)
+    orders = [_DIMS, *[o for o in itertools.permutations(_DIMS) if o != _DIMS]]
+    for order in orders:
+        stride = 1
+        coords = {}
+        for dim in order:
+            coords[dim] = (arr // stride) % max(1, degrees[dim])
+            stride *= max(1, degrees[dim])
+        varying = [d for d in order if len(np.unique(coords[d])) > 1]
+        if len(varying) == 1 and degrees[varying[0]] == n:
+            return varying[0]
+        if len(varying) == 1 and p2p_only and n == 2:
+            return varying[0]
+    return "pp" if p2p_only else "other"
+
+
+def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:
+    """Communicators from ``coll`` rows (events.md: ``comms`` may be empty): members from
+    (comm, comm_rank, rank), kinds from membership and degrees."""
+    if coll.num_rows == 0:
+        return ()
+    t = pa.table({"comm": coll.column("comm"), "cr": coll.column("comm_rank"),
+                  "rank": coll.column("rank"), "op": coll.column("op")})
+    members = t.group_by(["comm", "cr", "rank"]).aggregate([]).sort_by(
+        [("comm", "ascending"), ("cr", "ascending")])
+    ops = t.group_by(["comm", "op"]).aggregate([])
+    p2p_comms: dict[int, bool] = {}
+    for c, op in zip(ops.column("comm").to_pylist(), ops.column("op").to_pylist(), strict=True):
+        p2p_comms[c] = p2p_comms.get(c, True) and op in ("send", "recv")
+    out: list[Comm] = []
+    comm_col = members.column("comm").to_numpy()
+    rank_col = members.column("rank").to_numpy()
+    uniq, starts = np.unique(comm_col, return_index=True)
+    bounds = [*starts.tolist(), len(comm_col)]
+    for i, c in enumerate(uniq.tolist()):
+        ranks = tuple(int(r) for r in rank_col[bounds[i]:bounds[i + 1]])
+        out.append(Comm(int(c), infer_comm_kind(ranks, meta, p2p_comms.get(c, False)), ranks))
+    return tuple(out)
