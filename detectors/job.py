@@ -28,10 +28,12 @@ from failslow.detectors.base import EventBatch
 from failslow.detectors.dedup import CollDeduplicator
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
+from failslow.detectors.linkrate import LinkRateConfig, LinkRateDetector
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
 from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
+from failslow.settings import get_settings
 
 STATE_VERSION = 1
 
@@ -60,8 +62,11 @@ class JobConfig:
     iterations: IterationConfig = field(default_factory=IterationConfig)
     slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
     hang: HangConfig | None = None
+    #: degraded links even when the job absorbs them (None: not run)
+    linkrate: LinkRateConfig | None = field(default_factory=LinkRateConfig)
     #: action costs of the mitigation planner (None: no planner, no advice)
-    planner: PlannerConfig | None = field(default_factory=PlannerConfig)
+    planner: PlannerConfig | None = field(default_factory=lambda: PlannerConfig.from_costs(
+        get_settings().processor.planner_costs))
     #: every S2 micro-batch count a multiple of this (the pipeline depth for 1F1B, §5.2)
     planner_multiple_of: int = 1
 
@@ -80,6 +85,9 @@ class JobAnalyzer:
         self.tracker = IterationTracker(meta, self.config.iterations)
         self.slowdown = SlowdownDetector(meta, self.config.slowdown, tracker=self.tracker)
         self.hang = HangDetector(meta, self.config.hang)
+        self.linkrate: LinkRateDetector | None = (
+            None if self.config.linkrate is None
+            else LinkRateDetector(meta, self.config.linkrate))
         self._anomalies: dict[str, Anomaly] = {}  # latest report per id, first-seen order
         #: detectors that raised, with the error (skipped from then on; see ``_guard``)
         self.failed: dict[str, str] = {}
@@ -103,6 +111,12 @@ class JobAnalyzer:
         found = self._guard("slowdown", lambda: self.slowdown.update(
             batch, iterations=iterations), list[Anomaly]())
         found += self._guard("hang", lambda: self.hang.update(batch), list[Anomaly]())
+        linkrate = self.linkrate
+        if linkrate is not None:
+            # after the others: a link they already name is not reported twice
+            others = [*self._anomalies.values(), *found]
+            found += self._guard("linkrate", lambda: linkrate.update(
+                batch, iterations=iterations, others=others), list[Anomaly]())
         rounds = (results.empty("rounds") if "slowdown" in self.failed
                   else self.slowdown.last_rounds)
         self._record(found)
@@ -111,6 +125,10 @@ class JobAnalyzer:
     def on_tick(self, now_ns: int) -> Output:
         found = self._guard("slowdown", lambda: self.slowdown.on_tick(now_ns), list[Anomaly]())
         found += self._guard("hang", lambda: self.hang.on_tick(now_ns), list[Anomaly]())
+        linkrate = self.linkrate
+        if linkrate is not None:
+            found += self._guard("linkrate", lambda: linkrate.on_tick(now_ns),
+                                 list[Anomaly]())
         self._record(found)
         return Output(found, advice=self._advise(None, found))
 
@@ -196,6 +214,7 @@ class JobAnalyzer:
     def snapshot(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "tracker": self.tracker.snapshot(),
                 "slowdown": self.slowdown.snapshot(), "hang": self.hang.snapshot(),
+                "linkrate": None if self.linkrate is None else self.linkrate.snapshot(),
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
@@ -208,6 +227,8 @@ class JobAnalyzer:
         self.tracker.restore(state["tracker"])
         self.slowdown.restore(state["slowdown"])
         self.hang.restore(state["hang"])
+        if self.linkrate is not None and state.get("linkrate") is not None:
+            self.linkrate.restore(state["linkrate"])
         self._anomalies = {}
         for a in (Anomaly.from_dict(d) for d in state["anomalies"]):
             self._anomalies[a.id] = a

@@ -1,0 +1,260 @@
+"""Per-link transfer-rate samples from ``coll`` end rows (events.md).
+
+A *link* is a pair of global ranks whose traffic crosses nodes: a point-to-point pair (both
+directions together), or a ring hop ``member i -> member i+1`` (communicator-rank order,
+cyclic) of an all-reduce, all-gather or reduce-scatter. Each end row gives one sample,
+``bytes / transfer time``: ``end - t_start`` when ``t_start`` is known (the device's own
+transfer, free of waiting and of cross-node clock offsets); otherwise ``end - enter`` on the
+same rank's clock, which includes the wait for late peers -- the member that entered last
+waited only for the transfer, so a ring round takes its members' fastest such sample, and a
+window keeps a link's fastest one. A ring
+member's row is its outgoing hop's sample: in a ring the slowest hop sets every member's
+time, so coll timing alone degrades every hop of that ring (:mod:`.detector` localizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from failslow import events
+from failslow.detectors.slowdown.comms import infer_comm_kind
+from failslow.events import NULL_TIME, JobMeta
+
+#: op classes: point-to-point, ring collectives; other ops give no link samples
+P2P_OPS = ("send", "recv")
+RING_OPS = ("allreduce", "allgather", "reducescatter")
+_OPS = events.COLL_OPS
+_P2P = np.array([op in P2P_OPS for op in _OPS] + [False])
+_RING = np.array([op in RING_OPS for op in _OPS] + [False])
+_SEQ_BITS = 33
+
+
+class CommTable:
+    """Communicators by small index: id, members (comm rank -> global rank, -1 unknown),
+    kind (``meta.comms``, else inferred from members and degrees), point-to-point only."""
+
+    def __init__(self, meta: JobMeta) -> None:
+        self.meta = meta
+        self.index: dict[int, int] = {}
+        self.ids: list[int] = []
+        self.members: list[np.ndarray] = []
+        self.p2p: list[bool] = []
+        self._kinds: dict[int, str] = {}
+        self._meta_kinds = {c.comm: c.kind for c in meta.comms}
+        for c in meta.comms:
+            i = self._add(c.comm, len(c.ranks))
+            self.members[i][:] = c.ranks
+
+    def _add(self, comm: int, size: int) -> int:
+        i = self.index.get(comm)
+        if i is None:
+            i = self.index[comm] = len(self.ids)
+            self.ids.append(comm)
+            self.members.append(np.full(max(size, 1), -1, dtype=np.int64))
+            self.p2p.append(True)
+        return i
+
+    def learn(self, comm: np.ndarray, crank: np.ndarray, csize: np.ndarray, rank: np.ndarray,
+              p2p: np.ndarray) -> np.ndarray:
+        """Index of every row's communicator; members and op classes learned from the rows."""
+        uniq, first, inv = np.unique(comm, return_index=True, return_inverse=True)
+        idx = np.empty(len(uniq), dtype=np.int64)
+        for j, c in enumerate(uniq.tolist()):  # one per communicator, not per row
+            idx[j] = self._add(int(c), int(csize[first[j]]))
+        cidx = idx[inv.reshape(-1)]
+        sizes = np.array([len(m) for m in self.members], dtype=np.int64)
+        inside = (crank >= 0) & (crank < sizes[cidx])
+        known = np.concatenate(self.members)
+        offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        slot = offs[cidx[inside]] + crank[inside]
+        new = known[slot] < 0
+        if new.any():
+            key = np.unique(np.stack([cidx[inside][new], crank[inside][new],
+                                      rank[inside][new]], axis=1), axis=0)
+            for ci, cr, r in key.tolist():  # once per (communicator, member) ever
+                self.members[ci][cr] = r
+                self._kinds.pop(ci, None)
+        for ci in np.unique(cidx[~p2p]).tolist():
+            if self.p2p[ci]:
+                self.p2p[ci] = False
+                self._kinds.pop(ci, None)
+        return cidx
+
+    def kind(self, i: int) -> str:
+        k = self._kinds.get(i)
+        if k is None:
+            k = self._meta_kinds.get(self.ids[i])
+            if k is None:
+                m = self.members[i]
+                k = (infer_comm_kind([int(x) for x in m], self.meta, self.p2p[i])
+                     if (m >= 0).all() else ("pp" if self.p2p[i] else "other"))
+            self._kinds[i] = k
+        return k
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"ids": [str(c) for c in self.ids], "members": [m.tolist() for m in self.members],
+                "p2p": list(self.p2p)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ids = [int(c) for c in state["ids"]]
+        self.index = {c: i for i, c in enumerate(self.ids)}
+        self.members = [np.array(m, dtype=np.int64) for m in state["members"]]
+        self.p2p = [bool(x) for x in state["p2p"]]
+        self._kinds = {}
+
+
+class LinkRegistry:
+    """Links by id: communicator index, the two ends (p2p: lower comm rank first; ring:
+    the hop's sender first), op class and bytes (a link id per traffic class, so rates
+    compare like with like) and the peer class (kind, op, bytes, communicator size)."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple[int, int, int, int, int], int] = {}
+        self.rows: list[tuple[int, int, int, int, int]] = []  # cidx, a, b, op, bytes
+        self.cls_index: dict[tuple[str, int, int, int], int] = {}
+        self.cls = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def ids(self, keys: np.ndarray, comms: CommTable) -> np.ndarray:
+        """Link id of every row of ``keys`` (columns cidx, a, b, op, bytes)."""
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        out = np.empty(len(uniq), dtype=np.int64)
+        fresh = []
+        for j, row in enumerate(uniq.tolist()):  # one per link and traffic class
+            k = (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+            i = self.index.get(k)
+            if i is None:
+                i = self.index[k] = len(self.rows)
+                self.rows.append(k)
+                ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]))
+                fresh.append(self.cls_index.setdefault(ck, len(self.cls_index)))
+            out[j] = i
+        if fresh:
+            self.cls = np.concatenate([self.cls, np.array(fresh, dtype=np.int64)])
+        return out[inv.reshape(-1)]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"rows": [list(r) for r in self.rows],
+                "cls": [[*k, v] for k, v in self.cls_index.items()], "link_cls": self.cls.tolist()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rows = [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in state["rows"]]
+        self.index = {r: i for i, r in enumerate(self.rows)}
+        self.cls_index = {(str(k), int(o), int(b), int(s)): int(v)
+                          for k, o, b, s, v in state["cls"]}
+        self.cls = np.array(state["link_cls"], dtype=np.int64)
+
+
+class SampleExtractor:
+    """``coll`` batches -> link samples (link id, end time, rate in bytes/ns, whether from
+    ``t_start``). Keeps the enter times of operations still in flight, to time end rows
+    without ``t_start``."""
+
+    def __init__(self, meta: JobMeta, min_bytes: int, max_pending_ns: int) -> None:
+        self.meta = meta
+        self.comms = CommTable(meta)
+        self.links = LinkRegistry()
+        self.min_bytes = min_bytes
+        self.max_pending_ns = max_pending_ns
+        self.pend_key = np.zeros(0, dtype=np.int64)
+        self.pend_t = np.zeros(0, dtype=np.int64)
+        nodes = sorted(set(meta.nodes.values()))
+        self.node_ids = {n: i for i, n in enumerate(nodes)}
+        self.node_of_rank = np.array(
+            [self.node_ids.get(meta.nodes.get(r, ""), -1) for r in range(meta.world_size)],
+            dtype=np.int64)
+
+    def node(self, ranks: np.ndarray) -> np.ndarray:
+        """Node index per global rank (rank // 8 in its own namespace when unknown)."""
+        ok = (ranks >= 0) & (ranks < len(self.node_of_rank))
+        known = np.where(ok, self.node_of_rank[np.clip(ranks, 0, max(len(self.node_of_rank)
+                                                                         - 1, 0))], -1)
+        return np.where(known >= 0, known, -1 - ranks // 8)
+
+    def update(self, coll: pa.Table) -> dict[str, np.ndarray]:
+        empty = {"lid": np.zeros(0, np.int64), "t": np.zeros(0, np.int64),
+                 "rate": np.zeros(0), "ts": np.zeros(0, bool), "rnd": np.zeros(0, np.int64)}
+        if coll.num_rows == 0:
+            return empty
+        op = pc.fill_null(pc.index_in(coll.column("op"), value_set=pa.array(_OPS)), len(_OPS))
+        op = op.to_numpy(zero_copy_only=False).astype(np.int64)
+        rank = coll.column("rank").to_numpy().astype(np.int64)
+        comm = coll.column("comm").to_numpy().astype(np.uint64)
+        crank = coll.column("comm_rank").to_numpy().astype(np.int64)
+        csize = coll.column("comm_size").to_numpy().astype(np.int64)
+        seq = coll.column("seq").to_numpy().astype(np.int64)
+        nbytes = coll.column("bytes").to_numpy().astype(np.uint64).view(np.int64)
+        peer = coll.column("peer").to_numpy().astype(np.int64)
+        enter = pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False)
+        t = coll.column("t").to_numpy().astype(np.int64)
+        t_start = pc.fill_null(coll.column("t_start"), NULL_TIME).to_numpy().astype(np.int64)
+        p2p = _P2P[op]
+        cidx = self.comms.learn(comm, crank, csize, rank, p2p)
+        world = max(self.meta.world_size, int(rank.max()) + 1, 1)
+        key = ((cidx * world + rank) << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
+        round_key = (cidx << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
+        # enter times: this batch's and the pending ones; an end row consumes its enter
+        pk = np.concatenate([self.pend_key, key[enter]])
+        pt = np.concatenate([self.pend_t, t[enter]])
+        order = np.argsort(pk, kind="stable")
+        pk, pt = pk[order], pt[order]
+        end = ~enter
+        pos = np.searchsorted(pk, key[end])
+        hit = pos < len(pk)
+        hit[hit] = pk[pos[hit]] == key[end][hit]
+        t_enter = np.full(int(end.sum()), NULL_TIME, dtype=np.int64)
+        t_enter[hit] = pt[pos[hit]]
+        keep = np.ones(len(pk), dtype=bool)
+        keep[pos[hit]] = False
+        horizon = int(t.max()) - self.max_pending_ns
+        keep &= pt >= horizon
+        self.pend_key, self.pend_t = pk[keep], pt[keep]
+        # samples of the end rows
+        e = np.flatnonzero(end)
+        te, ts = t[e], t_start[e]
+        has_ts = (ts != NULL_TIME) & (te > ts)
+        dur = np.where(has_ts, te - ts, np.where((t_enter != NULL_TIME) & (te > t_enter),
+                                                  te - t_enter, 0))
+        ci, cr, sz = cidx[e], crank[e], csize[e]
+        is_p2p, is_ring = p2p[e], _RING[op[e]]
+        other_cr = np.where(is_p2p, peer[e], (cr + 1) % np.maximum(sz, 1))
+        other = np.full(len(e), -1, dtype=np.int64)
+        for c in np.unique(ci).tolist():  # one per communicator
+            sel = ci == c
+            m = self.comms.members[c]
+            oc = other_cr[sel]
+            ok = (oc >= 0) & (oc < len(m))
+            other[np.flatnonzero(sel)[ok]] = m[oc[ok]]
+        me = rank[e]
+        lo_first = np.where(is_p2p, cr < other_cr, True)
+        a = np.where(lo_first, me, other)
+        b = np.where(lo_first, other, me)
+        good = ((dur > 0) & (is_p2p | is_ring) & (other >= 0) & (other != me)
+                & (nbytes[e] >= self.min_bytes) & (self.node(me) != self.node(other))
+                & ((sz > 1) | is_p2p))
+        if not good.any():
+            return empty
+        g = np.flatnonzero(good)
+        opcls = np.where(is_p2p[g], -1, op[e][g])
+        keys = np.stack([ci[g], a[g], b[g], opcls, nbytes[e][g]], axis=1)
+        lid = self.links.ids(keys, self.comms)
+        # a ring round timed from enter rows: its members are joined by (comm, seq)
+        rnd = np.where(is_ring[g] & ~has_ts[g], round_key[e][g], -1)
+        return {"lid": lid, "t": te[g], "rate": nbytes[e][g] / dur[g].astype(np.float64),
+                "ts": has_ts[g], "rnd": rnd}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"comms": self.comms.snapshot(), "links": self.links.snapshot(),
+                "pend_key": self.pend_key.tolist(), "pend_t": self.pend_t.tolist()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.comms.restore(state["comms"])
+        self.links.restore(state["links"])
+        self.pend_key = np.array(state["pend_key"], dtype=np.int64)
+        self.pend_t = np.array(state["pend_t"], dtype=np.int64)

@@ -1,0 +1,148 @@
+"""The link-rate detector: degraded links reported even when the job absorbs them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from failslow.analyze import run_analyzer
+from failslow.bench import heldout as hg
+from failslow.detectors.job import JobAnalyzer
+from failslow.detectors.linkrate import LinkRateConfig
+from failslow.events import parse_meta_row
+from failslow.replay import replay
+from failslow.simulator import scenario_from_dict, simulate
+
+S, F = hg.Spec, hg.Fault
+#: 128 ranks (tp4 pp4 dp8, 16 nodes), small DP buckets: a DP ring hop 2.4x / 4.2x slower
+#: or a PP link 3x slower costs the job well under 1% (the pipeline absorbs it)
+BIG = {"tp": 4, "pp": 4, "dp": 8, "microbatches": 8, "dp_bytes": 8 << 20, "fmt": "parquet"}
+CASES = {
+    "dp-2.4-linkrows": S(**BIG, iterations=30, link_rows=True, seed=101,
+                         faults=[F("communication", 36, peer=40, start=12, factor=2.4)]),
+    "dp-4.2-nolink": S(**BIG, iterations=30, seed=102,
+                       faults=[F("communication", 36, peer=40, start=12, factor=4.2)]),
+    "pp-3-after-straggler": S(**BIG, iterations=36, pp_bytes=16 << 20, seed=103,
+                              faults=[F("compute", 100, start=6, factor=1.4),
+                                      F("communication", 33, peer=65, start=20,
+                                        factor=3.0)]),
+}
+
+
+def _tables(spec: hg.Spec) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    meta, tables, truth = hg.generate(spec)
+    return parse_meta_row(meta), tables, truth
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, tuple[Any, dict[str, Any], dict[str, Any]]]:
+    return {name: _tables(spec) for name, spec in CASES.items()}
+
+
+def _linkrate(diag: dict[str, Any]) -> list[dict[str, Any]]:
+    return [a for a in diag["anomalies"] if a["id"].startswith("linkrate-")]
+
+
+def test_open_count_is_a_binomial_tail() -> None:
+    assert LinkRateConfig().open_count() == 4  # 4 of 6 windows at 5% chance < 1e-3
+    assert LinkRateConfig(alpha=0.05).open_count() == 2
+
+
+def test_absorbed_dp_ring_hop_named_by_its_queue(traces: dict[str, Any]) -> None:
+    meta, tables, truth = traces["dp-2.4-linkrows"]
+    assert truth["anomalies"][0]["slowdown"] < 1.01  # absorbed: under 1% of job time
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    found = _linkrate(diag)
+    assert len(found) == 1 and len(diag["anomalies"]) == 1, diag["anomalies"]
+    a = found[0]
+    assert (a["kind"], a["cause"], a["comm_kind"], a["stage"]) == (
+        "slow", "communication", "dp", "dp_sync")
+    assert sorted(a["link"]) == a["ranks"] == [36, 40]
+    assert a["severity"] == "info" and a["absorbed"] is True
+    assert a["cost_fraction"] < 0.02 and abs(a["slowdown"] - 1) < 0.02
+    assert a["link_slowdown"] > 1.8 and a["localized_by"] == "queue"
+    scored = hg.score(truth, diag)
+    assert scored["false_alarms"] == [] and scored["matches"][0]["link"] is True
+
+
+def test_absorbed_dp_ring_without_link_rows_names_the_ring(traces: dict[str, Any]) -> None:
+    """Without link rows every hop of the slow ring is slower in coll timing: the ring is
+    reported, with no link and the reason."""
+    meta, tables, _ = traces["dp-4.2-nolink"]
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    found = _linkrate(diag)
+    assert len(found) == 1 and len(diag["anomalies"]) == 1, diag["anomalies"]
+    a = found[0]
+    assert a["link"] is None and a["comm_kind"] == "dp" and a["why_no_link"]
+    assert {36, 40} <= set(a["ranks"]) and a["severity"] == "info"
+    assert a["link_slowdown"] > 3.0
+
+
+def test_slow_link_after_a_compute_straggler(traces: dict[str, Any]) -> None:
+    meta, tables, truth = traces["pp-3-after-straggler"]
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    scored = hg.score(truth, diag)
+    assert scored["false_alarms"] == [], scored
+    assert all(m["found"] and m["cause"] and m["ranks"] for m in scored["matches"]), scored
+    (a,) = _linkrate(diag)
+    assert a["link"] == [33, 65] and a["comm_kind"] == "pp" and a["stage"] == "pp_p2p"
+    assert a["severity"] == "info"
+    # the reference is the job just before the link degraded (the straggler included)
+    assert abs(a["slowdown"] - 1) < 0.02
+
+
+def _reports(analyzer: JobAnalyzer, batches: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for now, batch in batches:
+        for o in (analyzer.update(batch), analyzer.on_tick(now)):
+            out += [a.to_dict() for a in o.anomalies]
+    return out
+
+
+def test_snapshot_restore_mid_trace_gives_the_same_reports(traces: dict[str, Any]) -> None:
+    meta, tables, _ = traces["dp-2.4-linkrows"]
+    batches = list(replay({k: v for k, v in tables.items() if k in ("coll", "link")}))
+    whole = _reports(JobAnalyzer(meta), batches)
+    cut = len(batches) * 2 // 5
+    first = JobAnalyzer(meta)
+    part = _reports(first, batches[:cut])
+    state = json.loads(json.dumps(first.snapshot()))
+    second = JobAnalyzer(meta)
+    second.restore(state)
+    part += _reports(second, batches[cut:])
+    assert [a for a in whole if a["id"].startswith("linkrate-")]
+    assert part == whole
+
+
+@pytest.mark.parametrize("name", ["c-128-parquet-gc", "c-heavy-gc-64", "c-jitter-10pct",
+                                  "c-bimodal-heavy", "c-skew-drift-parquet",
+                                  "c-tp-cross-node-skew-drift", "c-long-gc-rank5-3s"])
+def test_clean_heldout_runs_report_no_link(name: str) -> None:
+    meta, tables, _ = _tables(hg.scenarios()[name])
+    assert _linkrate(run_analyzer(meta, tables).diagnosis().to_dict()) == []
+
+
+def test_simulator_healthy_and_gc_report_no_link() -> None:
+    for over in ({}, {"noise": {"gc_prob": 0.02, "comm_jitter": 0.08}}):
+        sc = scenario_from_dict({"preset": "healthy", **over})
+        res = simulate(sc, seed=3)
+        diag = run_analyzer(res.meta, res.tables).diagnosis().to_dict()
+        assert diag["anomalies"] == []
+
+
+def test_simulator_absorbed_pp_link_reported() -> None:
+    """A node-level fault on the PP link node004-node006 (stage 2 -> 3), small activations:
+    every PP pair over it slows; one anomaly names the first pair, severity info."""
+    sc = scenario_from_dict({
+        "preset": "healthy", "iterations": 40, "timing": {"pp_bytes": 4 << 20},
+        "faults": [{"cause": "communication", "nodes": [4, 6], "start": 15,
+                    "duration": 20, "severity": 3.0}]})
+    res = simulate(sc, seed=1)
+    truth = res.truth.to_dict()["anomalies"][0]
+    diag = run_analyzer(res.meta, res.tables).diagnosis().to_dict()
+    (a,) = _linkrate(diag)
+    assert sorted(a["link"]) == sorted(truth["link"])
+    assert a["severity"] == "info" and a["nodes"] == ["node004", "node006"]
+    assert a["end_ns"] is not None and a["end_ns"] > a["start_ns"]
