@@ -4,7 +4,7 @@ Accuracy (issue 3, item 9): a suite of simulated jobs (16 to 1024 ranks, every s
 severities from 1.15x compute and 1.3x link up to 5x, compound faults and clean runs with GC
 pauses, sequence-length variation and a heavy last stage) is generated with
 :mod:`failslow.simulator`, diagnosed with the same code path as ``failslow analyze``
-(:func:`failslow.analyze.analyze_tables`) and scored against the simulator's ``truth.json``:
+(:func:`failslow.engine.offline.analyze_tables`) and scored against the simulator's ``truth.json``:
 
 * a diagnosed slow anomaly *matches* a true one when their time intervals overlap (one to
   one, largest overlap first); unmatched diagnosed anomalies are false positives, unmatched
@@ -38,10 +38,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from failslow.analyze import KINDS, run_analyzer
 from failslow.detectors.changepoints import METHODS, detect_changepoints
-from failslow.detectors.job import JobAnalyzer
 from failslow.diagnosis import Anomaly
+from failslow.engine.analyzer import JobAnalyzer
+from failslow.engine.offline import KINDS, run_analyzer
 from failslow.replay import replay
 
 GPN = 8  # GPUs per node in every scenario (the simulator's default)

@@ -528,7 +528,7 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
 
 def run_job(job: Job, workdir: Path | None = None) -> dict[str, Any]:
     """Generate one job, diagnose it like ``failslow analyze`` and score it."""
-    from failslow.analyze import analyze
+    from failslow.engine.offline import analyze
 
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / job.name

@@ -206,7 +206,7 @@ def ground_truth_faults(layout: Layout, block_of: np.ndarray, faults: list[dict[
 
 def _truth_or_detected(res: Any, detect: bool) -> tuple[list[Anomaly], str]:
     if detect:
-        from failslow.analyze import analyze_tables
+        from failslow.engine.offline import analyze_tables
 
         diag = analyze_tables(res.meta, res.tables)
         slow = [a for a in diag.anomalies if a.kind == "slow"]

@@ -213,7 +213,7 @@ def total_iterations(stats: dict[str, Any], rows_per_iteration: float) -> float:
 
 def _detector_profile(sim: Any, iterations: int) -> list[dict[str, Any]]:
     """Top functions (cumulative seconds) of JobAnalyzer over the job's first iterations."""
-    from failslow.detectors.job import JobAnalyzer
+    from failslow.engine.analyzer import JobAnalyzer
     from failslow.replay import replay
 
     tables = {k: t for k, t in sim.tables.items() if k in ("coll", "progress", "link", "span")}

@@ -1,5 +1,5 @@
-"""``failslow analyze TRACE_DIR``: diagnose a trace directory (:func:`failslow.analyze.analyze`)
-and print the diagnosis as a table or JSON."""
+"""``failslow analyze TRACE_DIR``: diagnose a trace directory
+(:func:`failslow.engine.offline.analyze`) and print the diagnosis as a table or JSON."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _print_table(diag: Diagnosis) -> None:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from failslow import analyze as analyzer
+    from failslow.engine import offline as analyzer
 
     diag = analyzer.analyze(Path(args.trace_dir), window_ns=int(args.window_ms * 1e6),
                             post_mortem=args.post_mortem)

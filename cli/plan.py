@@ -23,9 +23,9 @@ def _times(text: str) -> list[float]:
 
 def _load_trace(trace_dir: str, diagnosis: str | None = None) -> tuple[Any, Any, Any]:
     """meta, the tables the what-if analysis reads, and the trace's diagnosis (computed by
-    :func:`failslow.analyze.analyze` unless a diagnosis file is given)."""
-    from failslow.analyze import analyze
+    :func:`failslow.engine.offline.analyze` unless a diagnosis file is given)."""
     from failslow.diagnosis import Diagnosis
+    from failslow.engine.offline import analyze
     from failslow.tracedir import TraceDir
 
     td = TraceDir(trace_dir)
@@ -181,9 +181,9 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     .Advice` list."""
     import dataclasses
 
-    from failslow.analyze import _membership, replay_dir
     from failslow.comms import infer_comms
-    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.engine.analyzer import JobAnalyzer, JobConfig
+    from failslow.engine.offline import _membership, replay_dir
     from failslow.mitigation.planner import PlannerConfig
     from failslow.tracedir import TraceDir
 

@@ -78,10 +78,10 @@ def add_parser(subparsers: Any) -> None:
 def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     """Diagnose a trace directory the way ``failslow analyze`` does, keeping the derived
     rounds and iterations."""
-    from failslow.analyze import KINDS, is_post_mortem
     from failslow.comms import infer_comms
     from failslow.detectors.hang import HangConfig
-    from failslow.detectors.job import JobAnalyzer
+    from failslow.engine.analyzer import JobAnalyzer
+    from failslow.engine.offline import KINDS, is_post_mortem
     from failslow.replay import DEFAULT_WINDOW_NS, replay
     from failslow.tracedir import TraceDir
 

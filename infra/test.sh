@@ -26,9 +26,10 @@ bash infra/grafana/install-prometheus.sh
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[all,example]'
 
-echo "== lint and types"
+echo "== lint, types and import rules"
 ruff check .
 bash infra/typecheck.sh
+bash infra/importlint.sh
 
 echo "== tests"
 python3 -m pytest "$@"

@@ -1,7 +1,7 @@
 """What the stream processor is told: :class:`ProcessorConfig` (every tunable of
 :class:`~failslow.stream.processor.StreamProcessor`, one typed object) and the per-job
 analyzers it runs (the :class:`Analyzer` and :class:`WhatIf` shapes and their default
-factories, the same :class:`~failslow.detectors.job.JobAnalyzer` as ``failslow analyze``)."""
+factories, the same :class:`~failslow.engine.analyzer.JobAnalyzer` as ``failslow analyze``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CLOCKS = ("wall", "event", "system")
 def _analyzed_kinds() -> tuple[str, ...]:
     """The record kinds ``failslow analyze`` feeds the detectors (imported when a config is
     made: the offline analyzer's module is heavy to import)."""
-    from failslow.analyze import KINDS
+    from failslow.engine.offline import KINDS
 
     return tuple(KINDS)
 
@@ -111,7 +111,7 @@ class ProcessorConfig:
 
 
 class Analyzer(Protocol):
-    """What the processor needs of a per-job analyzer (failslow.detectors.job.JobAnalyzer).
+    """What the processor needs of a per-job analyzer (failslow.engine.analyzer.JobAnalyzer).
     ``update``/``on_tick`` return an object with ``anomalies`` and optionally ``rounds`` and
     ``iterations`` tables, or a plain list of anomalies (the Detector protocol)."""
 
@@ -135,10 +135,10 @@ WhatIfFactory = Callable[[JobMeta], WhatIf | None]
 
 
 def default_analyzer(meta: JobMeta, planner_costs: str = "") -> Analyzer:
-    """A :class:`failslow.detectors.job.JobAnalyzer` for ``meta``, as ``failslow analyze``
+    """A :class:`failslow.engine.analyzer.JobAnalyzer` for ``meta``, as ``failslow analyze``
     makes it, its mitigation planner's action costs ``planner_costs`` (``S2=5,S3=60,...``;
     empty: the defaults) applied."""
-    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.engine.analyzer import JobAnalyzer, JobConfig
 
     analyzer: Analyzer = JobAnalyzer(
         meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs)))

@@ -4,7 +4,7 @@ A single-threaded consume loop in the shape of a checkpointing stream processor:
 
 1. poll a batch of messages; decode and validate each (a bad one goes to the dead-letter
    topic with its reason and is counted; the loop goes on);
-2. feed every job's records to that job's :class:`~failslow.detectors.job.JobAnalyzer`
+2. feed every job's records to that job's :class:`~failslow.engine.analyzer.JobAnalyzer`
    (created from the job's ``meta`` message; records that arrive before it wait in a bounded
    buffer) and, when a what-if factory is given, to its what-if analyzer. Records go in
    windows of 100 ms of event time with a tick at each window's end, as ``failslow

@@ -3,7 +3,7 @@ partition together with the input offsets it covers, and a log of the cuts writt
 
 A restarted processor must neither relearn baselines nor report an anomaly again nor store a
 row twice (README, Architecture; issue 6). Kafka's committed offsets alone do not give that:
-the detector state (:meth:`failslow.detectors.job.JobAnalyzer.snapshot`) has to match them,
+the detector state (:meth:`failslow.engine.analyzer.JobAnalyzer.snapshot`) has to match them,
 and a re-read input that is cut into other batches would be stored again under other
 deduplication tokens. So, per consumer group and partition number:
 

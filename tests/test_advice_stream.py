@@ -17,7 +17,7 @@ import pytest
 import stream_synth as synth
 
 from failslow import cli
-from failslow.detectors.job import JobAnalyzer, JobConfig
+from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.events import JobMeta
 from failslow.mitigation.planner import ADVICE_SCHEMA, Advice, PlannerConfig
 from failslow.replay import DEFAULT_WINDOW_NS, replay

@@ -12,8 +12,8 @@ import pytest
 from _detectors_synth import Fault, generate
 
 from failslow import cli
-from failslow.analyze import analyze
 from failslow.diagnosis import Diagnosis
+from failslow.engine.offline import analyze
 from failslow.tracedir import write_trace
 
 MS = 1_000_000
@@ -125,7 +125,7 @@ def test_directory_replay_matches_the_in_memory_replay(tmp_path: Path) -> None:
     diagnosis) as the whole tables; rows out of order within and across row groups too."""
     import pyarrow.parquet as pq
 
-    from failslow.analyze import analyze_tables, replay_dir
+    from failslow.engine.offline import analyze_tables, replay_dir
     from failslow.replay import replay
     from failslow.tracedir import TraceDir
 
@@ -153,7 +153,7 @@ def test_large_trace_whatif_goes_on_over_a_sliding_window(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the row bound the offline what-if input stops growing and the stream's windowed
     analysis takes over: a result still comes, from the trace's last steps."""
-    import failslow.analyze as an
+    import failslow.engine.offline as an
 
     assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
     whole = analyze(tmp_path).whatif
@@ -168,7 +168,7 @@ def test_large_trace_whatif_goes_on_over_a_sliding_window(
 def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The what-if analysis is optional: if it fails the anomalies are still reported."""
-    import failslow.analyze as an
+    import failslow.engine.offline as an
     from failslow.whatif.analysis import WhatIfAnalyzer
 
     assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
@@ -188,7 +188,7 @@ def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
 def test_cli_failure_is_one_line_and_the_traceback_comes_with_v(
         tmp_path: Path, straggler_job, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
         capsys: pytest.CaptureFixture[str]) -> None:
-    import failslow.analyze as an
+    import failslow.engine.offline as an
 
     write_trace(tmp_path, [straggler_job.meta], straggler_job.tables)
 

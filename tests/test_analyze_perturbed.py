@@ -24,9 +24,9 @@ import pytest
 
 from conftest import SHARED
 from failslow import diagnosis, events
-from failslow.analyze import analyze
 from failslow.collectors.importers import flight_recorder as fr
 from failslow.collectors.importers import straggler_analysis as sa
+from failslow.engine.offline import analyze
 from failslow.events import JobMeta
 from failslow.simulator import PRESETS, simulate, write_sim
 from failslow.tracedir import TraceDir, write_trace

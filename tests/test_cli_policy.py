@@ -60,7 +60,7 @@ def test_verbose_before_and_after_the_command(tmp_path: Path, monkeypatch: pytes
     assert parser.parse_args(["-vv", "analyze", "x"]).verbose == 2
     assert parser.parse_args(["infra", "status", "-vv"]).verbose == 2
 
-    import failslow.analyze as an
+    import failslow.engine.offline as an
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("something broke inside")
@@ -141,10 +141,10 @@ def test_config_file_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_log_format_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                          capsys: pytest.CaptureFixture[str]) -> None:
-    import failslow.analyze as an
+    import failslow.engine.offline as an
 
     def noisy(*args: object, **kwargs: object) -> None:
-        logging.getLogger("failslow.analyze").warning("replaying %d windows", 3)
+        logging.getLogger("failslow.engine.offline").warning("replaying %d windows", 3)
         logging.getLogger("failslow.detectors").info("a detail")
         raise events.ContractError("no coll records")
 
@@ -154,14 +154,14 @@ def test_log_format_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     docs = [json.loads(x) for x in logs if x.startswith("{")]
     assert [d["message"] for d in docs] == ["replaying 3 windows", "a detail"]
     assert {"time", "level", "logger", "message"} <= set(docs[0])
-    assert docs[0]["level"] == "WARNING" and docs[0]["logger"] == "failslow.analyze"
+    assert docs[0]["level"] == "WARNING" and docs[0]["logger"] == "failslow.engine.offline"
     assert last == "failslow analyze: no coll records"
     monkeypatch.setenv("FAILSLOW_LOG_FORMAT", "json")  # the default comes from the settings
     assert cli.main(["analyze", str(tmp_path)]) == 2
     first = _err_lines(capsys)[0]
     assert json.loads(first)["message"] == "replaying 3 windows"
     assert cli.main(["--log-format", "text", "analyze", str(tmp_path)]) == 2
-    assert _err_lines(capsys)[0] == "WARNING failslow.analyze: replaying 3 windows"
+    assert _err_lines(capsys)[0] == "WARNING failslow.engine.offline: replaying 3 windows"
 
 
 def test_help_imports_no_benchmark_and_the_table_is_right() -> None:

@@ -85,7 +85,7 @@ def test_demo_pipeline_with_a_stub_simulator(tmp_path: Path, monkeypatch: pytest
 def _real_pipeline_available() -> str | None:
     try:
         simulator = importlib.import_module("failslow.simulator")
-        importlib.import_module("failslow.detectors.job")
+        importlib.import_module("failslow.engine.analyzer")
     except ModuleNotFoundError as e:
         return f"{e.name} is not there yet"
     if not hasattr(simulator, "simulate") or not hasattr(simulator, "load_scenario"):

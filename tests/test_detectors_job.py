@@ -9,7 +9,7 @@ from _detectors_synth import Fault, generate
 
 from failslow import results
 from failslow.detectors.hang import HangDetector
-from failslow.detectors.job import JobAnalyzer, Output
+from failslow.engine.analyzer import JobAnalyzer, Output
 from failslow.replay import replay
 
 MS = 1_000_000
@@ -66,8 +66,8 @@ def test_snapshot_restore_resumes_exactly() -> None:
 def test_batch_sizes_give_the_same_diagnosis() -> None:
     """Streaming (batches of any size) and offline (the whole trace at once) agree exactly:
     every decision is taken at a job iteration's end on the data before it."""
-    from failslow.analyze import KINDS, run_analyzer
     from failslow.bench.accuracy import _job
+    from failslow.engine.offline import KINDS, run_analyzer
     from failslow.simulator import scenario_from_dict, simulate
 
     spec = _job(2, 4, 4, iterations=36, noise={"gc_prob": 0.01, "gc_ms": [30.0, 120.0]},

@@ -5,7 +5,7 @@ with an injected clock").
 A simulated job is published tick by tick on the in-process transport: every record goes out
 once the fake clock passes its event time (plus its rank's delivery lag, for a slow
 collector), and the stream processor, whose clock is the fake clock, runs the job's
-analyzer (:class:`~failslow.detectors.job.JobAnalyzer`, as in production) after each tick.
+analyzer (:class:`~failslow.engine.analyzer.JobAnalyzer`, as in production) after each tick.
 The hang must be reported no later than one tick after the stuck operation crossed its
 threshold ``clamp(2 x T_expected, floor, ceiling)`` (MEGATRACE §III-C Algorithm 1: ``n = 2``;
 CCL-D §4.2.1's 5 minutes as the ceiling), and not before; a member that never entered is
@@ -25,8 +25,8 @@ import pytest
 from failslow import events
 from failslow.bench.accuracy_hang import inject_checkpoint
 from failslow.detectors.hang import HangConfig, HangDetector
-from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.diagnosis import Anomaly
+from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.events import JobMeta
 from failslow.simulator import scenario_from_dict, simulate
 from failslow.stream.processor import ProcessorConfig, StreamProcessor

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from failslow.analyze import analyze
 from failslow.bench import heldout as hg
+from failslow.engine.offline import analyze
 from failslow.tracedir import TraceDir
 
 SCENARIOS = hg.scenarios()

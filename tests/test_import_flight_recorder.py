@@ -353,7 +353,7 @@ def test_a_missing_dump_is_named_and_never_a_root_cause(
         result.log_warnings(fr.log)
     assert f"no dump for 1 of 16 ranks (rank {removed})" in caplog.text
     assert result.info["unobserved_ranks"] == [removed]
-    from failslow.analyze import analyze
+    from failslow.engine.offline import analyze
 
     diag = analyze(result.write(tmp_path / "trace"))
     hangs = [a for a in diag.anomalies if a.kind == "hang"]
@@ -370,7 +370,7 @@ def test_halt_point_and_wave_front_agree_with_the_flight_recorder_analysis(
     all_to_all with rank 12 missing. Our halt point is rank 12's own stuck operation (a TP
     all-gather its peer completed); the wave front is the first of its blocked rounds. The
     halt point is self-consistent and the report is dated at the last observed event."""
-    from failslow.analyze import analyze
+    from failslow.engine.offline import analyze
 
     diag = analyze(imported.path)
     last = max(imported.read("coll").column("t").to_pylist())

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from failslow import events
-from failslow.analyze import analyze, analyze_tables
 from failslow.bench import heldout as hg
 from failslow.detectors.iterations import IterationTracker
 from failslow.detectors.iterations.fewops import few_ops_ranks, symbol_period, timing_period
+from failslow.engine.offline import analyze, analyze_tables
 from failslow.events import Comm, JobMeta
 from failslow.simulator import simulate
 from failslow.simulator.scenario import scenario_from_dict

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from failslow.analyze import run_analyzer
 from failslow.bench import heldout as hg
-from failslow.detectors.job import JobAnalyzer
 from failslow.detectors.linkrate import LinkRateConfig
+from failslow.engine.analyzer import JobAnalyzer
+from failslow.engine.offline import run_analyzer
 from failslow.events import parse_meta_row
 from failslow.replay import replay
 from failslow.simulator import scenario_from_dict, simulate

@@ -32,7 +32,7 @@ import pytest
 import stream_synth as synth
 
 from conftest import Broker
-from failslow.analyze import analyze
+from failslow.engine.offline import analyze
 from failslow.infra import kafka_broker as infra
 from failslow.stream import clickhouse as ch
 from failslow.stream import transport as tr

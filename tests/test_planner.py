@@ -204,7 +204,7 @@ def test_anomaly_plans_say_why_when_the_job_description_does_not_allow_one() -> 
 def test_job_analyzer_runs_the_planner_and_snapshots_it() -> None:
     """Where the anomalies are produced (the job analyzer of the stream processor and of
     ``failslow analyze``), the planner follows them; its state is in the snapshot."""
-    from failslow.detectors.job import JobAnalyzer, JobConfig
+    from failslow.engine.analyzer import JobAnalyzer, JobConfig
     from failslow.replay import replay
     from failslow.simulator import scenario_from_dict, simulate
 

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from failslow.analyze import KINDS, run_analyzer
 from failslow.bench import accuracy
 from failslow.detectors.slowdown import _persistence_chance
 from failslow.diagnosis import Anomaly
+from failslow.engine.offline import KINDS, run_analyzer
 from failslow.simulator import scenario_from_dict, simulate
 
 
@@ -123,7 +123,7 @@ def test_gpu_throttling_of_the_root_is_attached() -> None:
 def test_sparse_gpu_samples_are_attached_when_the_anomaly_closes() -> None:
     """GPU samples every 3 s: none falls in the few iterations before the anomaly opens,
     so the opening report has no evidence; the closing report looks at the whole anomaly."""
-    from failslow.detectors.job import JobAnalyzer
+    from failslow.engine.analyzer import JobAnalyzer
     from failslow.replay import replay
 
     spec = accuracy._job(2, 2, 4, faults=[{**accuracy._comp([5], 12, 12, 1.5),

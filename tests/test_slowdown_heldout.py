@@ -15,9 +15,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from failslow.analyze import analyze
 from failslow.bench import heldout as hg
 from failslow.detectors.slowdown import CommRegistry
+from failslow.engine.offline import analyze
 from failslow.events import Comm, JobMeta
 
 SCENARIOS = hg.scenarios()

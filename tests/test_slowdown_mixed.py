@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from failslow.analyze import analyze
 from failslow.bench import heldout as hg
 from failslow.bench.accuracy import _job
+from failslow.engine.offline import analyze
 from failslow.simulator import scenario_from_dict, simulate, write_sim
 
 F = hg.Fault

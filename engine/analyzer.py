@@ -25,12 +25,12 @@ import pyarrow as pa
 
 from failslow import results
 from failslow.detectors.base import EventBatch
-from failslow.detectors.dedup import CollDeduplicator
 from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
 from failslow.detectors.linkrate import LinkRateConfig, LinkRateDetector
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
+from failslow.engine.dedup import CollDeduplicator
 from failslow.events import JobMeta
 from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
 from failslow.settings import get_settings

@@ -3,7 +3,7 @@
 
 The trace directory is read with :class:`~failslow.tracedir.TraceDir`, replayed in time order
 (:func:`failslow.replay.replay`) and fed batch by batch to the same
-:class:`~failslow.detectors.job.JobAnalyzer` the stream processor runs (``update`` then
+:class:`~failslow.engine.analyzer.JobAnalyzer` the stream processor runs (``update`` then
 ``on_tick(now)`` per batch), so offline and online diagnoses agree.
 """
 
@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 from failslow import events
 from failslow.comms import infer_comms
 from failslow.detectors.base import EventBatch
-from failslow.detectors.job import JobAnalyzer, JobConfig
 from failslow.diagnosis import Diagnosis
+from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
