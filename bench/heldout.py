@@ -17,7 +17,7 @@ detectors are tested against variations they were not designed for:
   the PP path or on a DP ring hop), and hangs of each CCL-D class (H1 ``not_entered``, H2
   ``inconsistent``, H3 ``hardware``), MEGATRACE §III-C / CCL-D §2.2.
 
-It shares no code with the simulator nor with ``tests/contract_gen.py``.
+It shares no code with the simulator nor with ``tests/support/contract_gen.py``.
 """
 
 from __future__ import annotations

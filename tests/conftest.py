@@ -16,7 +16,10 @@ import pytest
 from failslow import events
 from failslow.infra import kafka_broker as infra
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+#: the repository, its tests' data, and ../shared (spec, papers, real traces)
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data"
+SHARED = REPO.parent / "shared"
 
 #: A small simulated job with a compute straggler (rank 5, GPU throttled) and then a slow
 #: link (nodes 1-3): the dashboards' and the report's tests load it.

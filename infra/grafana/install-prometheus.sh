@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Puts Debian's Prometheus server (package `prometheus`) under build/tools/prometheus for the
 # tests that run the pipeline-health PromQL against a real Prometheus
-# (tests/test_grafana_prometheus.py). The package is downloaded and unpacked, not installed:
+# (tests/integration/clickhouse/test_grafana_prometheus.py). The package is downloaded and unpacked, not installed:
 # nothing starts a service and nothing outside build/ changes. Cached: a second run that finds
 # the binary does nothing.
 set -euo pipefail

@@ -1,0 +1,1 @@
+"""Shared test helpers: job and event generators (fixtures are in tests/conftest.py)."""
