@@ -414,7 +414,7 @@ def bench_changepoints(args: argparse.Namespace) -> dict[str, Any]:
     try:
         res = run(getattr(args, "data", None))
     except FileNotFoundError as e:
-        raise SystemExit(f"failslow bench changepoints: {e}") from None
+        raise ValueError(str(e)) from None
     if not getattr(args, "json", False):
         # the per-dataset table on stderr; the figures (one line per group) on stdout
         print(_table(res), file=sys.stderr)
@@ -442,22 +442,3 @@ def bench_changepoints(args: argparse.Namespace) -> dict[str, Any]:
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "changepoints": bench_changepoints,
 }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m failslow.bench.changepoints [--data DIR] [--json]``."""
-    p = argparse.ArgumentParser(prog="failslow-cpbench", description=__doc__.split("\n")[0])
-    p.add_argument("--data", metavar="DIR", help="TCPD directory (with annotations.json)")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        res = run(args.data)
-    except FileNotFoundError as e:
-        print(f"failslow bench changepoints: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(res) if args.json else _table(res))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

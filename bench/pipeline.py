@@ -167,7 +167,7 @@ def _processor(bootstrap: str, prefix: str, data_dir: Path, core: int, *args: st
     env = environment()
     env.pop("FAILSLOW_DATA_DIR", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "failslow.cli.stream", "process", "--kafka", bootstrap,
+        [sys.executable, "-m", "failslow", "process", "--kafka", bootstrap,
          "--topic-prefix", prefix, "--group", f"bench-{uuid.uuid4().hex[:8]}",
          "--data-dir", str(data_dir), "--metrics-port", "-1", "--partitions", "1",
          "--stats-json", str(data_dir / "stats.json"), *args],
@@ -355,17 +355,3 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "pipeline": bench_pipeline,
 }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m failslow.bench.pipeline [--scale S]`` (what ``failslow bench pipeline``
-    runs)."""
-    parser = argparse.ArgumentParser(prog="python -m failslow.bench.pipeline")
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--iterations", type=int, default=12)
-    print(json.dumps(bench_pipeline(parser.parse_args(argv))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -318,7 +318,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             root.setLevel(level)
         if settings._config_file != previous:  # main() called in-process (tests)
             settings._config_file = previous
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from failslow.cli.options import DeprecatedOption
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.replay import DEFAULT_WINDOW_NS, replay
 from failslow.stream.clickhouse import ClickHouseSink, connect, default_data_dir
@@ -51,19 +52,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--scenario", default="demo", help="simulator preset (default: demo)")
     p.add_argument("--clickhouse", default=None, metavar="URL",
                    help="store in this ClickHouse server instead of embedded chDB")
-    p.add_argument("--clickhouse-url", dest="clickhouse", action=_Deprecated, metavar="URL",
+    p.add_argument("--clickhouse-url", dest="clickhouse", action=DeprecatedOption, metavar="URL",
                    help=argparse.SUPPRESS)
     p.set_defaults(func=run)
-
-
-class _Deprecated(argparse.Action):
-    """An old spelling of an option: still works, and says which one to use."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        new = "--" + self.dest.replace("_", "-")
-        print(f"{parser.prog}: {option_string} is deprecated; use {new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -103,7 +103,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     from failslow.cli.app import main as app_main
 
     return app_main(["infra", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@ trace of its slowest diagnosed iteration for Perfetto).
 
 From a trace directory the job is diagnosed here (the same replay and detectors as ``failslow
 analyze``); with ``--job`` everything is read from ClickHouse (embedded chDB under
-``--data-dir`` or a server at ``--clickhouse-url``), as the stream processor stored it.
+``--data-dir`` or a server at ``--clickhouse``), as the stream processor stored it.
 The page holds the iteration timeline with anomaly bands, the DP x PP heatmap, the anomaly
 table, the critical path of a slow iteration (:mod:`failslow.dashboards.critical_path`), the
 what-if breakdown (:mod:`failslow.whatif.analysis`, when available) and the mitigation
@@ -25,8 +25,10 @@ from typing import Any
 import pyarrow as pa
 
 from failslow import results
+from failslow.cli.options import DeprecatedOption
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
+from failslow.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,15 @@ def add_parser(subparsers: Any) -> None:
                     "with --job from ClickHouse.")
     p.add_argument("trace_dir", nargs="?", type=Path, help="a trace directory (events.md)")
     p.add_argument("--job", help="read this job from ClickHouse instead of a trace directory")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="embedded ClickHouse data directory (with --job)")
-    p.add_argument("--clickhouse-url", default=None, metavar="URL",
-                   help="a ClickHouse server instead of embedded chDB (with --job)")
+    settings = get_settings()
+    p.add_argument("--data-dir", type=Path, default=settings.processor.data_dir,
+                   help="embedded ClickHouse data directory (with --job; env "
+                        "FAILSLOW_DATA_DIR)")
+    p.add_argument("--clickhouse", default=settings.clickhouse.url, metavar="URL",
+                   help="a ClickHouse server instead of embedded chDB (with --job; env "
+                        "FAILSLOW_CLICKHOUSE)")
+    p.add_argument("--clickhouse-url", dest="clickhouse", action=DeprecatedOption, metavar="URL",
+                   help=argparse.SUPPRESS)
     p.add_argument("--database", default=None,
                    help="ClickHouse database (default failslow; the demo's is failslow_demo)")
     p.add_argument("--out", type=Path, required=True, help="the HTML file to write")
@@ -281,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     client = None
     try:
         if args.job is not None:
-            data, client = from_clickhouse(args.job, args.data_dir, args.clickhouse_url,
+            data, client = from_clickhouse(args.job, args.data_dir, args.clickhouse,
                                            args.database or DEFAULT_DATABASE)
         else:
             data = from_trace_dir(args.trace_dir, whatif=not args.no_whatif)

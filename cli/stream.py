@@ -499,20 +499,3 @@ def cmd_query_jobs(args: argparse.Namespace) -> int:
         sink.close()
     print(json.dumps(jobs) if args.json else "\n".join(jobs))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m failslow.cli.stream replay|process|query ...`` (the same commands as
-    ``failslow replay|process|query``)."""
-    parser = argparse.ArgumentParser(prog="failslow")
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    add_parser(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    args = parser.parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

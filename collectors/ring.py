@@ -4,7 +4,8 @@ The native collectors (``native/``: the NCCL API interposer, the NCCL profiler p
 RDMA verbs shim) write fixed 128-byte records into one memory-mapped ring file per process and
 collector, ``$FAILSLOW_RING_DIR/failslow-<job>-<pid>-<collector>.ring``. The layout is defined
 once, in ``native/include/failslow_ring.h``; :data:`RECORD_DTYPE` and :data:`HEADER_DTYPE` mirror
-it byte for byte (``tests/integration/native/test_native_ring.py`` compares them with offsets printed by C).
+it byte for byte (``tests/integration/native/test_native_ring.py`` compares them with offsets
+printed by C).
 
 What the records carry is the telemetry of the papers: API-call (enter) and completion (end)
 times of every collective / point-to-point operation keyed by CCL-D's Trace ID (communicator,

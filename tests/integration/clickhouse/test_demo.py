@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,9 +98,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     missing = _real_pipeline_available()
     if missing:
         pytest.skip(missing)
-    started = time.perf_counter()
     assert cli.main(["demo", "--data-dir", str(tmp_path)]) == 0
-    elapsed = time.perf_counter() - started
     out = capsys.readouterr().out
     assert (tmp_path / "report.html").is_file()
     assert (tmp_path / "clickhouse").is_dir()
@@ -129,4 +126,3 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     m = json.loads(s2["plan"])["m"]
     dp_of_21 = (21 // sim.meta.tp) % sim.meta.dp
     assert sum(m) == sim.meta.microbatches * sim.meta.dp and m[dp_of_21] < max(m)
-    assert elapsed < 60, f"demo took {elapsed:.0f} s"

@@ -78,7 +78,7 @@ def _env(broker: Broker) -> dict[str, str]:
 
 
 def _cli(broker: Broker, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "failslow.cli.stream", *args],
+    return subprocess.run([sys.executable, "-m", "failslow", *args],
                           env=_env(broker), capture_output=True, text=True, timeout=timeout)
 
 
@@ -130,7 +130,7 @@ def _start(broker: Broker, data_dir: Path, prefix: str, *args: str, name: str = 
     log = data_dir / f"{name}.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     popen = subprocess.Popen(
-        [sys.executable, "-m", "failslow.cli.stream", "-v", "process", "--data-dir",
+        [sys.executable, "-m", "failslow", "-v", "process", "--data-dir",
          str(data_dir), "--topic-prefix", prefix, "--group", f"g-{prefix}",
          "--metrics-port", str(port), "--stats-json", str(stats), *args],
         env=_env(broker), stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
@@ -149,7 +149,7 @@ def _until(predicate: Any, timeout: float, what: str, proc: Proc | None = None) 
 
 def _replay(broker: Broker, trace: Trace, prefix: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "failslow.cli.stream", "replay", str(trace.path),
+        [sys.executable, "-m", "failslow", "replay", str(trace.path),
          "--topic-prefix", prefix, "--json", *args],
         env=_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -584,14 +584,15 @@ def test_replay_paces_at_the_requested_speed(broker: Broker, traces: dict[str, T
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """``--speed X``: each window is published when X times its event-time offset has
     passed since the start (a clock that only the replay's sleeps advance)."""
+    from failslow import cli
     from failslow.cli import stream as stream_cli
 
     trace = traces["hang-hardware"]
     speed = 1e-9 * _trace_span(trace) / 3  # ~3 s of pacing
     clock = FakeTime()
     monkeypatch.setattr(stream_cli, "time", clock)
-    code = stream_cli.main(["replay", str(trace.path), "--kafka", broker.bootstrap,
-                            "--topic-prefix", _prefix(), "--json", "--speed", str(speed)])
+    code = cli.main(["replay", str(trace.path), "--kafka", broker.bootstrap,
+                     "--topic-prefix", _prefix(), "--json", "--speed", str(speed)])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and summary["dropped"] == 0 and summary["errors"] == 0, summary
     _, windows, _, _ = stream_cli._windows(trace.path, 100_000_000, None)

@@ -39,7 +39,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.parametrize("command", ["replay", "process", "query"])
 def test_every_command_has_help(command: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "failslow.cli.stream", command, "--help"],
+    out = subprocess.run([sys.executable, "-m", "failslow", command, "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     if command != "query":

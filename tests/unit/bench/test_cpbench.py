@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from failslow import cli
 from failslow.bench.changepoints import (
     BENCHMARKS,
     PUBLISHED,
@@ -18,7 +19,6 @@ from failslow.bench.changepoints import (
     evaluate,
     f_measure,
     load_tcpd,
-    main,
     parse_tcpd,
     synthetic_suite,
     true_positives,
@@ -109,9 +109,9 @@ def test_benchmark_entry_and_main(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "bocd+v F1 1.000" in flat["univariate (1)"]
     assert "default F1 1.000" in flat["univariate published BOCPD (1)"]
     assert "per-dataset" not in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="not a directory"):
+    with pytest.raises(ValueError, match="not a directory"):
         BENCHMARKS["changepoints"](argparse.Namespace(data=str(tmp_path / "x"), json=True))
-    assert main(["--data", str(tmp_path / "nowhere")]) == 2
+    assert cli.main(["bench", "changepoints", "--data", str(tmp_path / "nowhere")]) == 2
     assert "not a directory" in capsys.readouterr().err
 
 

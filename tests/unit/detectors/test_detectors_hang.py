@@ -789,19 +789,10 @@ def test_memory_bounded_to_in_flight_ops() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# end to end on the simulator presets (skipped until the simulator exists)
-
-
-def _simulator() -> Any:
-    try:
-        from failslow import simulator
-    except ImportError:
-        return None
-    return simulator if hasattr(simulator, "simulate") else None
+# end to end on the simulator presets
 
 
 PRESETS = ("hang-not-entered", "hang-inconsistent", "hang-hardware")
-needs_simulator = pytest.mark.skipif(_simulator() is None, reason="simulator not there yet")
 
 
 def _analyze(path: Path, tick: int = 100 * MS) -> list[Anomaly]:
@@ -814,7 +805,8 @@ def _analyze(path: Path, tick: int = 100 * MS) -> list[Anomaly]:
 
 
 def _simulated(scenario: Any, out: Path, seed: int = 0) -> tuple[list[Anomaly], list[Any]]:
-    sim = _simulator()
+    from failslow import simulator as sim
+
     result = sim.simulate(scenario, seed=seed)
     sim.write_sim(result, out, "parquet")
     found = _analyze(out)
@@ -837,7 +829,6 @@ def _assert_matches(found: list[Anomaly], hangs: list[dict[str, Any]]) -> float:
     return (got.detected_ns - want["start_ns"]) / S
 
 
-@needs_simulator
 @pytest.mark.parametrize("preset", PRESETS)
 def test_simulator_hang_presets(preset: str, tmp_path: Path) -> None:
     found, hangs = _simulated(preset, tmp_path / preset)
@@ -847,7 +838,6 @@ def test_simulator_hang_presets(preset: str, tmp_path: Path) -> None:
     assert low - 0.1 < latency < low + 1.0
 
 
-@needs_simulator
 @pytest.mark.parametrize("fault", [
     {"cause": "not_entered", "ranks": [21], "comm": "pp", "phase": "forward", "microbatch": 5},
     {"cause": "not_entered", "ranks": [42], "comm": "pp", "phase": "backward", "microbatch": 1},
@@ -859,7 +849,8 @@ def test_simulator_hang_presets(preset: str, tmp_path: Path) -> None:
 def test_simulator_hang_variants(fault: dict[str, Any], tmp_path: Path) -> None:
     """Other communicators, passes and ranks than the presets; pipeline halts name the pass
     and micro-batch (MEGATRACE §III-C "which stage")."""
-    sim = _simulator()
+    from failslow import simulator as sim
+
     sc = sim.scenario_from_dict({"preset": "healthy", "iterations": 14,
                                  "faults": [{"start": 8, **fault}]})
     found, hangs = _simulated(sc, tmp_path / "t", seed=3)
@@ -870,7 +861,6 @@ def test_simulator_hang_variants(fault: dict[str, Any], tmp_path: Path) -> None:
                                                                 fault["microbatch"])
 
 
-@needs_simulator
 @pytest.mark.parametrize("shape,fault", [
     # H2 between two members calling each other's operation: the sibling data-parallel
     # group (other context-parallel index) shows which one was due
@@ -934,14 +924,12 @@ def test_stage_program_is_megatrons_schedule() -> None:
                     assert stage_program(sched, stage, pp, mb) == theirs, (sched, pp, mb, stage)
 
 
-@needs_simulator
 @pytest.mark.parametrize("preset", ["healthy", "link", "gpipe"])
 def test_simulator_slow_or_healthy_presets_raise_no_hang(preset: str, tmp_path: Path) -> None:
     found, hangs = _simulated(preset, tmp_path / preset)
     assert hangs == [] and found == []
 
 
-@needs_simulator
 def test_bench_hang_figures() -> None:
     """``failslow bench hang``: ours within ~1 s of the hang start on every preset, the
     fixed 5-minute threshold (CCL-D's setting, the baseline) after 300 s."""

