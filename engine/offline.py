@@ -28,7 +28,7 @@ from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
 from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.events import JobMeta
-from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
+from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, coalesce, replay
 from failslow.tracedir import TraceDir
 from failslow.whatif.analysis import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
 
@@ -78,7 +78,7 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     analyzer = JobAnalyzer(meta, config)
     whatif_input = WhatIfInput(meta)
     now = None
-    for now, batch in replay_dir(td, window_ns):
+    for now, batch in coalesce(replay_dir(td, window_ns), window_ns):
         analyzer.update(batch)
         analyzer.on_tick(now)
         whatif_input.add(batch)
@@ -321,7 +321,7 @@ def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
     analyzer = JobAnalyzer(meta, config)
     now = None
-    for now, batch in replay(tables, window_ns):
+    for now, batch in coalesce(replay(tables, window_ns), window_ns):
         analyzer.update(batch)
         analyzer.on_tick(now)
     if post_mortem and now is not None:
