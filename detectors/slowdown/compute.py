@@ -35,20 +35,34 @@ def excess_rates(table: BinTable, value: str, by: tuple[str, ...], win: Window
     return {k: agg[k] for k in by}, agg["v"]
 
 
+#: below this many iterations in a window, a pure data-parallel job's ranks keep their
+#: largest compute bin (:func:`compute_excess`)
+WHOLE_GAP_ITERATIONS = 2.5
+
+
 def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndarray] | None:
     """Per rank, how much its own compute per iteration (the gaps between its
     operations) grew, as a share of the time lost per iteration; None without gap data.
     Each rank's largest time bin is left out of both windows: a pause (GC) fills one
-    bin, a slow rank all of them."""
+    bin, a slow rank all of them. Not in a pure data-parallel job's window of under
+    :data:`WHOLE_GAP_ITERATIONS` iterations: there a rank computes in one gap per
+    iteration, and its largest bin is most of the straggler's extra compute."""
     w = stats.comp.query(win.lo, win.hi, ("bin", "rank"))
     if len(w["rank"]) == 0:
         return None
     b = stats.comp.query(win.b_lo, win.b_hi, ("bin", "rank"))
     bin_ns = float(1 << stats.shift)
-    rw, tw = _trimmed(w["rank"], w["d"])
-    rb, tb = _trimmed(b["rank"], b["d"])
-    rate_w = tw / max(win.win_ns - bin_ns, bin_ns)
-    rate_b = _lookup(rw, rb, tb) / max(win.base_ns - bin_ns, bin_ns)
+    m = stats.meta
+    if max(m.tp, m.pp, m.cp) <= 1 and win.iterations < WHOLE_GAP_ITERATIONS:
+        rw, tw = _summed(w["rank"], w["d"])
+        rb, tb = _summed(b["rank"], b["d"])
+        trim = 0.0
+    else:
+        rw, tw = _trimmed(w["rank"], w["d"])
+        rb, tb = _trimmed(b["rank"], b["d"])
+        trim = bin_ns
+    rate_w = tw / max(win.win_ns - trim, bin_ns)
+    rate_b = _lookup(rw, rb, tb) / max(win.base_ns - trim, bin_ns)
     has_b = _lookup(rw, rb, np.ones(len(rb))) > 0
     lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
     excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
@@ -234,6 +248,12 @@ def _stage_of(fwd: float, bwd: float) -> str | None:
     if bwd > 1.10 and fwd < 1.05:
         return "backward"
     return None
+
+
+def _summed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per key (sorted unique keys): the sum of its values."""
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return uniq, np.bincount(inv.reshape(-1), values.astype(np.float64), minlength=len(uniq))
 
 
 def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

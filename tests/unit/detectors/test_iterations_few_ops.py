@@ -164,14 +164,6 @@ def test_spans_give_calls_per_step() -> None:
 
 # ------------------------------------------------------------------------- detection
 
-#: The slow-down detector's localization drops each rank's largest time bin as a GC
-#: pause; with one compute gap per rank and iteration that is all of a straggler's extra
-#: compute in a one-iteration window, so it finds no root (see the report: a change in
-#: ``detectors/slowdown/compute.py``). Strict: once that lands these pass and the marker
-#: must go.
-PENDING_SLOWDOWN = pytest.mark.xfail(
-    reason="slow-down localization trims the only compute gap per iteration "
-           "(detectors/slowdown/compute.py::compute_excess)", strict=True)
 
 
 def _latency_ok(anomaly: dict[str, Any], start_ns: int, slow_iter_s: float) -> bool:
@@ -179,7 +171,6 @@ def _latency_ok(anomaly: dict[str, Any], start_ns: int, slow_iter_s: float) -> b
     return anomaly["detected_ns"] - start_ns <= 3.05 * slow_iter_s * 1e9
 
 
-@PENDING_SLOWDOWN
 @pytest.mark.parametrize(("dp", "mode", "small", "seed", "rank"), [
     (16, "allreduce", False, 45, 3), (32, "rs_ag", True, 46, 21),
 ])
@@ -198,7 +189,6 @@ def test_heldout_pure_dp_straggler(tmp_path: Path, dp: int, mode: str, small: bo
     assert _latency_ok(a, t["start_ns"], slow_iter_s)
 
 
-@PENDING_SLOWDOWN
 def test_simulator_pure_dp_straggler() -> None:
     """The same with the simulator (reduce-scatter + all-gather, spans present)."""
     sc = scenario_from_dict({"job": "dp", "parallel": {"tp": 1, "pp": 1, "dp": 24, "cp": 1},
