@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.cli.agent",
     "failslow.cli.stream",
     "failslow.cli.changepoints",
+    "failslow.cli.schema",
     "failslow.cli.config",
 )
 #: Benchmark name -> the module whose ``BENCHMARKS: dict[name, fn(args) -> dict]`` holds it.

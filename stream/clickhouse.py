@@ -199,7 +199,7 @@ def schema_sql(database: str = DEFAULT_DATABASE, cluster: str | None = None) -> 
     """:func:`ddl` as one SQL file."""
     where = f", cluster {cluster}" if cluster else ""
     head = (f"-- failslow ClickHouse schema (event contract v{events.VERSION}{where}).\n"
-            "-- Generated from failslow.results by failslow.stream.clickhouse.write_schema;\n"
+            "-- Generated from failslow.results by `failslow schema FILE`;\n"
             "-- do not edit by hand.\n\n")
     return head + ";\n\n".join(ddl(database, cluster)) + ";\n"
 

@@ -1,5 +1,5 @@
 -- failslow ClickHouse schema (event contract v1).
--- Generated from failslow.results by failslow.stream.clickhouse.write_schema;
+-- Generated from failslow.results by `failslow schema FILE`;
 -- do not edit by hand.
 
 CREATE DATABASE IF NOT EXISTS `failslow`;

@@ -37,16 +37,22 @@ def sink(tmp_path: Path) -> Iterator[ch.ClickHouseSink]:
 def test_committed_schema_file_is_up_to_date() -> None:
     assert SCHEMA_FILE.read_text() == ch.schema_sql(), (
         "infra/clickhouse/schema.sql is stale: regenerate it with "
-        "failslow.stream.clickhouse.write_schema('infra/clickhouse/schema.sql')")
+        "failslow schema infra/clickhouse/schema.sql")
 
 
-def test_write_schema_writes_the_same_text(tmp_path: Path) -> None:
+def test_schema_command_writes_the_same_text(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from failslow import cli
+
     out = tmp_path / "sub" / "schema.sql"
-    ch.write_schema(out)
+    assert cli.main(["schema", str(out)]) == 0
     assert out.read_text() == ch.schema_sql()
-    ch.write_schema(out, cluster="prod")
+    assert cli.main(["schema", str(out), "--cluster", "prod"]) == 0
     assert out.read_text() == ch.schema_sql(cluster="prod")
     assert "ON CLUSTER `prod`" in out.read_text()
+    capsys.readouterr()
+    assert cli.main(["schema"]) == 0
+    assert capsys.readouterr().out == ch.schema_sql()
 
 
 def test_ddl_covers_every_contract_column_with_the_right_types() -> None:
