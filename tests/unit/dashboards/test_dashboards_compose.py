@@ -188,8 +188,9 @@ def test_prometheus_scrapes_the_processor_on_loopback() -> None:
     """The processor's metrics endpoint listens on 127.0.0.1 only, so Prometheus shares its
     network namespace, scrapes 127.0.0.1:<the processor's default metrics port> and Grafana
     reaches it at processor:9090."""
-    from failslow.cli.stream import DEFAULT_METRICS_PORT
+    from failslow.settings import ProcessorSettings
 
+    default_port = ProcessorSettings().metrics_port
     services = _compose()["services"]
     prom = services["prometheus"]
     assert prom["network_mode"] == "service:processor" and "ports" not in prom
@@ -199,7 +200,7 @@ def test_prometheus_scrapes_the_processor_on_loopback() -> None:
     config = yaml.safe_load((ROOT / "infra/grafana/prometheus/prometheus.yml").read_text())
     [job] = config["scrape_configs"]
     assert job["job_name"] == panels.PROCESSOR_JOB
-    assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{DEFAULT_METRICS_PORT}"]
+    assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{default_port}"]
     assert "FAILSLOW_METRICS_PORT" not in _env(services["processor"])  # the default port
     graf = _env(services["grafana"])
     assert graf["FAILSLOW_PROMETHEUS_URL"] == "http://processor:9090"
