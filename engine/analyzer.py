@@ -172,13 +172,13 @@ class JobAnalyzer:
     def _observe(self, coll: pa.Table) -> None:
         if not coll.num_rows:
             return
-        ranks = np.unique(coll.column("rank").to_numpy())
-        ranks = ranks[ranks >= 0]
-        if len(ranks) and ranks[-1] >= len(self.observed):
-            grown = np.zeros(int(ranks[-1]) + 1, dtype=bool)
+        ranks = coll.column("rank").to_numpy()  # no sort: a mark per row is O(n)
+        top = int(ranks.max())
+        if top >= len(self.observed):
+            grown = np.zeros(top + 1, dtype=bool)
             grown[:len(self.observed)] = self.observed
             self.observed = grown
-        self.observed[ranks] = True
+        self.observed[ranks[ranks >= 0]] = True
 
     def _unknown_roots(self, found: list[Anomaly]) -> None:
         """Missing data is not evidence: a rank that never sent a row (no Flight Recorder

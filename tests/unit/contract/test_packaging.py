@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -31,6 +32,17 @@ def test_wheel_installs_only_the_failslow_package(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         tops = {name.split("/")[0] for name in zf.namelist()}
     assert all(t == "failslow" or t.endswith(".dist-info") for t in tops), tops
+    # every module of every folder pyproject maps (README's plain `pip install '.[all]'`
+    # installs the wheel, not the editable tree): a subpackage missing from `packages`
+    # would be left out
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    missing = [f"{pkg.replace('.', '/')}/{f.name}" for pkg, folder in dirs.items()
+               for f in (REPO / folder).glob("*.py")
+               if f"{pkg.replace('.', '/')}/{f.name}" not in names]
+    assert not missing, missing
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
