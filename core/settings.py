@@ -89,6 +89,8 @@ class InfraSettings(BaseModel):
 
 
 class GrafanaSettings(BaseModel):
+    #: Grafana's base URL as people open it (links in pages and reports); empty: no links
+    url: str = ""
     user: str = "admin"
     password: SecretStr = SecretStr("admin")
 
@@ -119,6 +121,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_RING_CAPACITY": ("collector", "ring_capacity"),
     "FAILSLOW_STATE_DIR": ("infra", "state_dir"),
     "FAILSLOW_KAFKA_LIBS": ("infra", "kafka_libs"),
+    "FAILSLOW_GRAFANA_URL": ("grafana", "url"),
     "GRAFANA_USER": ("grafana", "user"),
     "GRAFANA_ADMIN_PASSWORD": ("grafana", "password"),
     "FAILSLOW_TCPD": ("bench", "tcpd"),
