@@ -45,8 +45,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow import events
-from failslow.detectors.hang import HangConfig, HangDetector
+from failslow.detectors.base import Reporting
+from failslow.detectors.hang import HangConfig
 from failslow.diagnosis import Anomaly
+from failslow.engine.analyzer import Reports, only
 from failslow.events import Comm, JobMeta
 from failslow.schedule import schedule_phase as pipeline_phase
 
@@ -424,7 +426,7 @@ def _arrival(table: pa.Table, lag_ns: np.ndarray | None) -> np.ndarray:
     return t + np.where(ok, lag_ns[np.clip(rank, 0, len(lag_ns) - 1)], 0)
 
 
-def stream(det: HangDetector, tables: dict[str, pa.Table], lag_ns: np.ndarray | None = None,
+def stream(det: Reporting, tables: dict[str, pa.Table], lag_ns: np.ndarray | None = None,
            tick_ns: int = TICK_NS, tail_ns: int = 0) -> Iterator[tuple[int, list[Anomaly]]]:
     """Deliver the records as a stream would: each at its event time plus its rank's lag,
     in ``tick_ns`` windows of arrival time; ``update`` with each window's records, then
@@ -496,7 +498,7 @@ def run_case(case: Case, config: HangConfig | None = None) -> Result:
         lag = np.zeros(meta.world_size, dtype=np.int64)
         for r, s in case.lag.items():
             lag[r] = int(s * S)
-    det = HangDetector(meta, config)
+    det = Reports(only(meta, {"hang"}, hang=config))
     t0 = time.perf_counter()
     seen: dict[str, Anomaly] = {}
     tail = 5 * S if case.group == "hang" else 30 * S

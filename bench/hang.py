@@ -8,7 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from failslow.detectors.hang import HangConfig, HangDetector, replay_with_ticks
+from failslow.detectors.hang import HangConfig, replay_with_ticks
+from failslow.engine.analyzer import Reports, only
 
 
 def _bench_case(scenario: Any, seed: int, config: HangConfig | None, tail_ns: int
@@ -24,7 +25,7 @@ def _bench_case(scenario: Any, seed: int, config: HangConfig | None, tail_ns: in
             parts = list(result.iter_tables(kind))
             if parts:
                 tables[kind] = pa.concat_tables(parts)
-    det = HangDetector(result.meta, config)
+    det = Reports(only(result.meta, {"hang"}, hang=config))
     started = time.perf_counter()
     found = [a for a in replay_with_ticks(det, tables, tail_ns=tail_ns) if a.end_ns is None]
     seconds = time.perf_counter() - started

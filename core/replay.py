@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from failslow.events import EventBatch
+from failslow.events import NULL_TIME, EventBatch
 from failslow.tracedir import DATA_KINDS
 
 #: The column that orders each kind in time.
@@ -40,28 +40,50 @@ def replay(tables: Mapping[str, pa.Table], window_ns: int = DEFAULT_WINDOW_NS,
     bounds = time_bounds(tables)
     if bounds is None:
         return
-    t0, t1 = bounds
-    edges = np.arange(t0 - 1, t1 + window_ns, window_ns, dtype=np.int64)
-    edges[-1] = max(edges[-1], t1)
-    sorted_tables: dict[str, pa.Table] = {}
-    cuts: dict[str, np.ndarray] = {}
+    yield from cut(tables, window_ns, bounds[0] - 1, bounds[1])
+
+
+def cut(tables: Mapping[str, pa.Table], window_ns: int, origin: int, horizon: int | None = None
+        ) -> list[tuple[int, EventBatch]]:
+    """The records of ``tables`` in the windows ``(origin + (k-1) w, origin + k w]`` of the
+    grid that starts at ``origin`` (a job's first event time less one), in time order, as
+    ``(now, batch)``: ``now`` is the window's end, or ``horizon`` (default: the last event
+    time) when that comes first. Windows with no records are skipped. One implementation for
+    both paths: :func:`replay` cuts a whole trace with it, the stream processor each release
+    of a job's records (on the job's grid, so both see the same windows). Kinds whose rows
+    are in time order are not sorted (they usually are)."""
+    timed: dict[str, pa.Table] = {}
+    times: dict[str, np.ndarray] = {}
     for kind in DATA_KINDS:
         table = tables.get(kind)
         if table is None or not table.num_rows:
             continue
-        key = TIME_COLUMN[kind]
-        order = pc.sort_indices(table, sort_keys=[(key, "ascending")])
-        table = table.take(order)
-        sorted_tables[kind] = table
-        cuts[kind] = np.searchsorted(table.column(key).to_numpy(), edges, side="right")
+        column = table.column(TIME_COLUMN[kind])
+        t = column.to_numpy() if column.null_count == 0 else \
+            pc.fill_null(column, NULL_TIME).to_numpy()
+        if t.size > 1 and bool((t[1:] < t[:-1]).any()):
+            order = np.argsort(t, kind="stable")
+            table = table.take(pa.array(order))
+            t = t[order]
+        timed[kind], times[kind] = table, t
+    if not timed:
+        return []
+    t0 = min(int(t[0]) for t in times.values())
+    t1 = max(int(t[-1]) for t in times.values())
+    last = t1 if horizon is None else max(int(horizon), t1)
+    first = origin + (t0 - origin - 1) // window_ns * window_ns
+    edges = np.arange(first, t1 + window_ns, window_ns, dtype=np.int64)
+    cuts = {k: np.searchsorted(t, edges, side="right") for k, t in times.items()}
+    out: list[tuple[int, EventBatch]] = []
     for i in range(1, len(edges)):
-        batch: EventBatch = {}
-        for kind, table in sorted_tables.items():
+        window: EventBatch = {}
+        for kind, table in timed.items():
             lo, hi = int(cuts[kind][i - 1]), int(cuts[kind][i])
             if hi > lo:
-                batch[kind] = table.slice(lo, hi - lo)
-        if batch:
-            yield min(int(edges[i]), t1), batch
+                window[kind] = table.slice(lo, hi - lo)
+        if window:
+            out.append((min(int(edges[i]), last), window))
+    return out
 
 
 #: :func:`coalesce`: a batch of fewer rows than this is merged with the next ones, over at
@@ -70,30 +92,61 @@ MIN_BATCH_ROWS = 2000
 MAX_MERGED_WINDOWS = 10
 
 
+class Coalescer:
+    """Sparse windows merged into batches that amortise the detectors' per-batch cost: a
+    window is held until the held ones have ``min_rows`` rows or span ``max_windows``
+    windows, then they are handed on together at the latest window's time. A dense trace
+    keeps its windows; a sparse one (a job of few ranks and long steps, such as ByteDance's
+    16-worker trial with 46 s steps: 15,000 windows of a few rows) is analysed in batches of
+    up to ``max_windows`` windows. Ticks stay at most that far apart, far below the hang
+    detector's 5 s idle floor. Offline (:func:`coalesce`) and online (the stream processor,
+    which saves :meth:`state` with its snapshot) merge the same windows."""
+
+    def __init__(self, window_ns: int = DEFAULT_WINDOW_NS, min_rows: int = MIN_BATCH_ROWS,
+                 max_windows: int = MAX_MERGED_WINDOWS) -> None:
+        self.window_ns = window_ns
+        self.min_rows = min_rows
+        self.max_windows = max_windows
+        self.pending: dict[str, list[pa.Table]] = {}
+        self.rows = 0
+        self.first = 0  # now of the first held window
+        self.now = 0  # now of the latest held window
+
+    def push(self, now: int, batch: EventBatch) -> tuple[int, EventBatch] | None:
+        """Hold one window; returns the merged batch when it is complete."""
+        if not self.pending:
+            self.first = now
+        self.now = now
+        for kind, table in batch.items():
+            self.pending.setdefault(kind, []).append(table)
+            self.rows += table.num_rows
+        if (self.rows >= self.min_rows
+                or now - self.first >= (self.max_windows - 1) * self.window_ns):
+            return self.flush()
+        return None
+
+    def flush(self) -> tuple[int, EventBatch] | None:
+        """The held windows merged (None: none held)."""
+        if not self.pending:
+            return None
+        out = self.now, _merged(self.pending)
+        self.pending, self.rows = {}, 0
+        return out
+
+
 def coalesce(batches: Iterator[tuple[int, EventBatch]], window_ns: int = DEFAULT_WINDOW_NS,
              min_rows: int = MIN_BATCH_ROWS) -> Iterator[tuple[int, EventBatch]]:
-    """Replayed batches with the sparse ones merged: a batch is held until it has
-    ``min_rows`` rows or spans :data:`MAX_MERGED_WINDOWS` windows, then handed on at the
-    latest window's time. A dense trace keeps its windows; a sparse one (a job of few ranks
-    and long steps, such as ByteDance's 16-worker trial with 46 s steps: 15,000 windows of a
-    few rows) is analysed in batches big enough to amortise the detectors' per-batch cost.
-    Ticks stay at most ``MAX_MERGED_WINDOWS`` windows apart, far below the hang detector's
-    5 s idle floor."""
-    pending: dict[str, list[pa.Table]] = {}
-    rows, first, now = 0, 0, 0
+    """Replayed batches with the sparse ones merged (:class:`Coalescer`)."""
+    merger = Coalescer(window_ns, min_rows)
     for now, batch in batches:
-        if not pending:
-            first = now
-        for kind, table in batch.items():
-            pending.setdefault(kind, []).append(table)
-            rows += table.num_rows
-        if rows >= min_rows or now - first >= (MAX_MERGED_WINDOWS - 1) * window_ns:
-            yield now, _merged(pending)
-            pending, rows = {}, 0
-    if pending:
-        yield now, _merged(pending)
+        out = merger.push(now, batch)
+        if out is not None:
+            yield out
+    last = merger.flush()
+    if last is not None:
+        yield last
 
 
 def _merged(parts: dict[str, list[pa.Table]]) -> EventBatch:
-    return {kind: tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-            for kind, tables in parts.items()}
+    return {kind: tables[0] if len(tables) == 1 else pa.concat_tables(
+        tables, promote_options="permissive") for kind, tables in parts.items()}

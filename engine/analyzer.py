@@ -18,24 +18,32 @@ import base64
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
 
 from failslow import results
-from failslow.detectors.base import EventBatch
+from failslow.detectors.base import Detector, EventBatch
 from failslow.detectors.hang import HangConfig, HangDetector
-from failslow.detectors.iterations import IterationConfig, IterationTracker
-from failslow.detectors.linkrate import LinkRateConfig, LinkRateDetector
-from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
+from failslow.detectors.iterations import IterationTracker
+from failslow.detectors.linkrate import LinkRateDetector
+from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
+from failslow.engine import registry
 from failslow.engine.dedup import CollDeduplicator
+from failslow.engine.registry import JobConfig
 from failslow.events import JobMeta
-from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner, PlannerConfig
-from failslow.settings import get_settings
+from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner
 
-STATE_VERSION = 1
+__all__ = ["JobAnalyzer", "JobConfig", "Output", "Reports", "only"]
+
+#: 2: detector states by registry name (1: fixed keys; still restored)
+STATE_VERSION = 2
+#: version-1 state keys of the detectors
+_V1_KEYS = {"iterations": "tracker", "slowdown": "slowdown", "hang": "hang",
+            "linkrate": "linkrate"}
 
 log = logging.getLogger(__name__)
 
@@ -55,22 +63,6 @@ class Output:
     advice: list[Advice] = field(default_factory=list)
 
 
-@dataclass
-class JobConfig:
-    """Settings of the detectors of one job."""
-
-    iterations: IterationConfig = field(default_factory=IterationConfig)
-    slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
-    hang: HangConfig | None = None
-    #: degraded links even when the job absorbs them (None: not run)
-    linkrate: LinkRateConfig | None = field(default_factory=LinkRateConfig)
-    #: action costs of the mitigation planner (None: no planner, no advice)
-    planner: PlannerConfig | None = field(default_factory=lambda: PlannerConfig.from_costs(
-        get_settings().processor.planner_costs))
-    #: every S2 micro-batch count a multiple of this (the pipeline depth for 1F1B, §5.2)
-    planner_multiple_of: int = 1
-
-
 class JobAnalyzer:
     """All detectors of one job over its record batches (see the module docstring).
 
@@ -82,13 +74,10 @@ class JobAnalyzer:
     def __init__(self, meta: JobMeta, config: JobConfig | None = None) -> None:
         self.meta = meta
         self.config = config or JobConfig()
-        self.tracker = IterationTracker(meta, self.config.iterations)
-        self.slowdown = SlowdownDetector(meta, self.config.slowdown, tracker=self.tracker)
-        self.hang = HangDetector(meta, self.config.hang)
-        self.linkrate: LinkRateDetector | None = (
-            None if self.config.linkrate is None
-            else LinkRateDetector(meta, self.config.linkrate))
         self._anomalies: dict[str, Anomaly] = {}  # latest report per id, first-seen order
+        #: the enabled detectors by registry name, in the order they run
+        self.detectors: dict[str, Detector] = registry.build(
+            meta, self.config, lambda: list(self._anomalies.values()))
         #: detectors that raised, with the error (skipped from then on; see ``_guard``)
         self.failed: dict[str, str] = {}
         #: repeated ``coll`` rows (at-least-once delivery) never reach the detectors
@@ -101,35 +90,52 @@ class JobAnalyzer:
                 meta.job, self.config.planner,
                 AnomalyPlans(meta, max(1, self.config.planner_multiple_of)))
 
+    # the registered detectors by role (None: not enabled)
+    @property
+    def tracker(self) -> IterationTracker:
+        return cast(IterationTracker, self.detectors["iterations"])
+
+    @property
+    def slowdown(self) -> SlowdownDetector:
+        return cast(SlowdownDetector, self.detectors["slowdown"])
+
+    @property
+    def hang(self) -> HangDetector:
+        return cast(HangDetector, self.detectors["hang"])
+
+    @property
+    def linkrate(self) -> LinkRateDetector | None:
+        return cast(LinkRateDetector | None, self.detectors.get("linkrate"))
+
     def update(self, batch: EventBatch) -> Output:
+        """Every enabled detector on ``batch``, in registry order: the tables one derives
+        (``produces``) join the batch of the ones after it, and the anomalies one reports are
+        known to the ones after it."""
         coll = batch.get("coll")
         if coll is not None:
             batch = {**batch, "coll": self.dedup.update(coll)}
             self._observe(batch["coll"])
-        iterations = self._guard("iterations", lambda: self.tracker.update(batch),
-                                 results.empty("iterations"))
-        found = self._guard("slowdown", lambda: self.slowdown.update(
-            batch, iterations=iterations), list[Anomaly]())
-        found += self._guard("hang", lambda: self.hang.update(batch), list[Anomaly]())
-        linkrate = self.linkrate
-        if linkrate is not None:
-            # after the others: a link they already name is not reported twice
-            others = [*self._anomalies.values(), *found]
-            found += self._guard("linkrate", lambda: linkrate.update(
-                batch, iterations=iterations, others=others), list[Anomaly]())
-        rounds = (results.empty("rounds") if "slowdown" in self.failed
-                  else self.slowdown.last_rounds)
-        self._record(found)
+        batch = dict(batch)
+        derived: dict[str, pa.Table] = {}
+        found: list[Anomaly] = []
+        for name, det in self.detectors.items():
+            reports = self._guard(name, partial(det.update, batch), list[Anomaly]())
+            self._record(reports)
+            found += reports
+            if name in self.failed:
+                continue
+            for table_name, table in det.outputs().items():
+                batch[table_name] = derived[table_name] = table
+        iterations = derived.get("iterations", results.empty("iterations"))
+        rounds = derived.get("rounds", results.empty("rounds"))
         return Output(found, rounds, iterations, self._advise(iterations, found))
 
     def on_tick(self, now_ns: int) -> Output:
-        found = self._guard("slowdown", lambda: self.slowdown.on_tick(now_ns), list[Anomaly]())
-        found += self._guard("hang", lambda: self.hang.on_tick(now_ns), list[Anomaly]())
-        linkrate = self.linkrate
-        if linkrate is not None:
-            found += self._guard("linkrate", lambda: linkrate.on_tick(now_ns),
-                                 list[Anomaly]())
-        self._record(found)
+        found: list[Anomaly] = []
+        for name, det in self.detectors.items():
+            reports = self._guard(name, partial(det.on_tick, now_ns), list[Anomaly]())
+            self._record(reports)
+            found += reports
         return Output(found, advice=self._advise(None, found))
 
     def end_post_mortem(self, last_event_ns: int) -> Output:
@@ -149,8 +155,8 @@ class JobAnalyzer:
         """``call()`` unless ``part`` failed before; a part that raises is logged with its
         traceback, counted in :attr:`failed` and skipped from then on, so one failing
         detector never stops the others (the diagnosis lists it as incomplete). The
-        slow-down detector reads the iteration tracker: it stops with it."""
-        if part in self.failed or (part == "slowdown" and "iterations" in self.failed):
+        detectors that read a failed one's derived tables stop with it."""
+        if part in self.failed or self._upstream_failed(part):
             return fallback
         try:
             return call()
@@ -159,6 +165,13 @@ class JobAnalyzer:
                         self.meta.job, part, type(e).__name__, e, exc_info=True)
             self.failed[part] = f"{type(e).__name__}: {e}"
             return fallback
+
+    def _upstream_failed(self, part: str) -> bool:
+        det = self.detectors.get(part)
+        if det is None:
+            return False
+        return any(set(other.produces) & det.kinds
+                   for name, other in self.detectors.items() if name in self.failed)
 
     def _advise(self, iterations: pa.Table | None, found: list[Anomaly]) -> list[Advice]:
         """The planner's decisions on new iteration rows and reports (none without either)."""
@@ -212,9 +225,8 @@ class JobAnalyzer:
                          incomplete=[{"part": p, "reason": r} for p, r in self.failed.items()])
 
     def snapshot(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "tracker": self.tracker.snapshot(),
-                "slowdown": self.slowdown.snapshot(), "hang": self.hang.snapshot(),
-                "linkrate": None if self.linkrate is None else self.linkrate.snapshot(),
+        return {"version": STATE_VERSION,
+                "detectors": {name: det.snapshot() for name, det in self.detectors.items()},
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
@@ -222,13 +234,17 @@ class JobAnalyzer:
                     np.packbits(self.observed).tobytes()).decode()}}
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported analyzer state version {state.get('version')!r}")
-        self.tracker.restore(state["tracker"])
-        self.slowdown.restore(state["slowdown"])
-        self.hang.restore(state["hang"])
-        if self.linkrate is not None and state.get("linkrate") is not None:
-            self.linkrate.restore(state["linkrate"])
+        version = state.get("version")
+        if version == 1:
+            detectors = {name: state.get(key) for name, key in _V1_KEYS.items()}
+        elif version == STATE_VERSION:
+            detectors = state["detectors"]
+        else:
+            raise ValueError(f"unsupported analyzer state version {version!r}")
+        for name, det in self.detectors.items():
+            saved = detectors.get(name)
+            if saved is not None:
+                det.restore(saved)
         self._anomalies = {}
         for a in (Anomaly.from_dict(d) for d in state["anomalies"]):
             self._anomalies[a.id] = a
@@ -240,3 +256,26 @@ class JobAnalyzer:
         if seen is not None:
             bits = np.frombuffer(base64.b64decode(seen["bits"]), dtype=np.uint8)
             self.observed = np.unpackbits(bits)[:int(seen["n"])].astype(bool)
+
+
+class Reports:
+    """A job's engine seen as one detector whose ``update`` / ``on_tick`` return the anomaly
+    reports (drivers written for the detector protocol, such as the hang benchmarks' lagged
+    streams, run the engine through it)."""
+
+    def __init__(self, analyzer: JobAnalyzer) -> None:
+        self.analyzer = analyzer
+
+    def update(self, batch: EventBatch) -> list[Anomaly]:
+        return self.analyzer.update(batch).anomalies
+
+    def on_tick(self, now_ns: int) -> list[Anomaly]:
+        return self.analyzer.on_tick(now_ns).anomalies
+
+
+def only(meta: JobMeta, names: set[str], **config: Any) -> JobAnalyzer:
+    """An engine running only the registered detectors ``names`` (and those whose tables
+    they read), without planner unless ``config`` gives one; ``config``: :class:`JobConfig`
+    fields."""
+    config.setdefault("planner", None)
+    return JobAnalyzer(meta, JobConfig(detectors=frozenset(names), **config))

@@ -27,13 +27,11 @@ from failslow.comms import infer_comms
 from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
 from failslow.engine.analyzer import JobAnalyzer, JobConfig
+from failslow.engine.registry import KINDS
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, coalesce, replay
 from failslow.tracedir import TraceDir
 from failslow.whatif.analysis import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
-
-#: Record kinds the detectors read.
-KINDS = ("coll", "progress", "link", "gpu", "span")
 
 log = logging.getLogger(__name__)
 

@@ -251,11 +251,29 @@ class MitigationPlanner:
 
     def update(self, iterations: pa.Table, anomalies: list[Anomaly]) -> list[Advice]:
         """``iterations``: new rows of failslow.results "iterations" (rank -1 rows are
-        used); ``anomalies``: slow-anomaly reports (opened, updated or ended)."""
+        used); ``anomalies``: slow-anomaly reports (opened, updated or ended).
+
+        Both are taken in time order: an iteration at its end, a report when it was made
+        (an end report at the anomaly's end), an iteration before a report of the same
+        time. The advice therefore does not depend on how the input was cut into batches:
+        online and offline decide the same at the same times."""
+        ends = np.zeros(0, dtype=np.int64)
+        durations = np.zeros(0, dtype=np.float64)
+        if iterations.num_rows:
+            job_rows = iterations.filter(pc.equal(iterations.column("rank"), -1))
+            if job_rows.num_rows:
+                ends = np.asarray(job_rows.column("t_end").to_numpy(), dtype=np.int64)
+                durations = np.asarray(job_rows.column("duration_ns").to_numpy(),
+                                       dtype=np.float64) / 1e9
+                order = np.argsort(ends, kind="stable")
+                ends, durations = ends[order], durations[order]
+        reports = sorted((a for a in anomalies if a.kind == "slow"), key=_report_time)
         advice: list[Advice] = []
-        for a in anomalies:
-            if a.kind != "slow":
-                continue
+        done = 0
+        for a in reports:
+            upto = int(np.searchsorted(ends, _report_time(a), side="right"))
+            advice += self._accumulate(ends[done:upto], durations[done:upto])
+            done = max(done, upto)
             state = self._open.get(a.id)
             if a.end_ns is None:
                 if state is None:
@@ -266,12 +284,7 @@ class MitigationPlanner:
             elif state is not None:
                 state.anomaly = a
                 advice += self._close(state, a.end_ns)
-        if iterations.num_rows:
-            job_rows = iterations.filter(pc.equal(iterations.column("rank"), -1))
-            if job_rows.num_rows:
-                ends = np.asarray(job_rows.column("t_end").to_numpy(), dtype=np.int64)
-                durations = job_rows.column("duration_ns").to_numpy() / 1e9
-                advice += self._accumulate(ends, durations)
+        advice += self._accumulate(ends[done:], durations[done:])
         return advice
 
     def _charge(self, state: _Open, durations: np.ndarray, healthy: float | None) -> None:
@@ -307,6 +320,14 @@ class MitigationPlanner:
         return self.healthy_s
 
     def _accumulate(self, ends: np.ndarray, durations: np.ndarray) -> list[Advice]:
+        """Job iterations in time order, one at a time: an escalation happens at the end of
+        the iteration whose impact reaches the cost (a handful of job iterations per batch)."""
+        advice: list[Advice] = []
+        for i in range(len(ends)):
+            advice += self._accumulate_one(ends[i:i + 1], durations[i:i + 1])
+        return advice
+
+    def _accumulate_one(self, ends: np.ndarray, durations: np.ndarray) -> list[Advice]:
         advice: list[Advice] = []
         in_anomaly = np.zeros(len(ends), dtype=bool)
         healthy = self.healthy_s
@@ -495,3 +516,9 @@ class AnomalyPlans:
                     faults.links[(min(a, b), max(a, b))] = factor
             return plan_topology(layout, faults).to_dict()
         return None
+
+
+def _report_time(a: Anomaly) -> int:
+    """When a report was made: an end report at the anomaly's end, others at detection."""
+    t = a.end_ns if a.end_ns is not None else (a.detected_ns or a.start_ns or 0)
+    return int(t)

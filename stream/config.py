@@ -14,7 +14,7 @@ from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
 from failslow.events import JobMeta
 from failslow.mitigation.planner import PlannerConfig
-from failslow.replay import DEFAULT_WINDOW_NS
+from failslow.replay import DEFAULT_WINDOW_NS, MIN_BATCH_ROWS
 from failslow.settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ class ProcessorConfig:
     analyzer_kinds: tuple[str, ...] = field(default_factory=_analyzed_kinds)
     #: a job's records are analysed in windows of this much event time, in time order
     window_ns: int = DEFAULT_WINDOW_NS
+    #: windows of fewer rows are merged with the next ones before analysis, as ``failslow
+    #: analyze`` merges them (:class:`failslow.replay.Coalescer`; 0: never merged)
+    min_batch_rows: int = MIN_BATCH_ROWS
     #: analyse the held records at the latest once this many rows were collected
     max_batch_rows: int = 1_000_000
     #: hold a job's records until every kind has arrived up to a time (None: when the

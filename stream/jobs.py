@@ -20,7 +20,7 @@ from failslow import events, results
 from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
-from failslow.replay import TIME_COLUMN
+from failslow.replay import TIME_COLUMN, Coalescer, cut
 from failslow.stream.config import (
     Analyzer,
     AnalyzerFactory,
@@ -32,7 +32,7 @@ from failslow.stream.partitions import Partition
 from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
 from failslow.stream.stats import ProcessorStats
 from failslow.stream.transport import encode
-from failslow.stream.windows import concat_tables, last_step, split_at, time_span, windows
+from failslow.stream.windows import concat_tables, last_step, split_at, time_span
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ class JobState:
     kind_wm: dict[str, int] = field(default_factory=dict)  # kind -> event time complete
     kind_seen: dict[str, int] = field(default_factory=dict)  # kind -> monotonic ns
     first_data: int = 0  # monotonic ns of the first data message (0: none yet)
+    # the job's window grid starts here (its first event time less one; None: no event yet)
+    origin: int | None = None
+    # sparse windows merged before analysis, as offline (failslow.replay.Coalescer)
+    merger: Coalescer = field(default_factory=Coalescer)
 
 
 class Jobs:
@@ -88,6 +92,9 @@ class Jobs:
         self._kinds = frozenset(config.analyzer_kinds)
         self._batch_rows = 0  # rows added since the last run_batches
 
+    def _merger(self) -> Coalescer:
+        return Coalescer(self._window_ns, self.config.min_batch_rows)
+
     def __contains__(self, job: str) -> bool:
         return job in self.states
 
@@ -96,7 +103,8 @@ class Jobs:
         analyzer = self.analyzer_factory(meta)
         whatif = self.whatif_factory(meta) if self.whatif_factory else None
         st = self.states[meta.job] = JobState(meta, analyzer, partition, whatif=whatif,
-                                              seen=time.monotonic_ns())
+                                              seen=time.monotonic_ns(),
+                                              merger=self._merger())
         self.stats.jobs = len(self.states)
         return st
 
@@ -173,34 +181,43 @@ class Jobs:
                     del st.held[kind]
             st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)
             if released:
-                self._update(job, released)
+                self._update(job, released, horizon)
 
     # ----------------------------------------------------------------------------- analysis
 
-    def _update(self, job: str, batch: EventBatch) -> None:
-        """Feed ``batch`` to the job's analyzers in windows of at most ``window_ns`` of event
-        time, in time order, with a tick at the end of each window (as ``failslow analyze``
-        replays a trace), so the results do not depend on how the input was polled."""
+    def _update(self, job: str, batch: EventBatch, horizon: int | None = None) -> None:
+        """Feed ``batch`` (complete up to ``horizon``) to the job's analyzers in the windows of
+        the job's grid (:func:`failslow.replay.cut`, as ``failslow analyze`` replays a
+        trace), sparse ones merged by the job's :class:`~failslow.replay.Coalescer`, with a
+        tick at each analysed batch's end: the results do not depend on how the input was
+        polled, and they are those of the offline analysis."""
         state = self.states[job]
         span = time_span(batch)
-        if span is None or span[1] - span[0] < self._window_ns:
-            self._update_window(job, state, batch)
-            if span is not None:
-                self.tick(job, state, span[1], windowed=True)
-            if state.whatif is not None:
-                self._whatif(job, state, batch)
-            return
-        t0 = time.perf_counter()
-        cut = windows(batch, self._window_ns)
-        self.stats.seconds["window"] += time.perf_counter() - t0
-        for end, window in cut:
-            self._update_window(job, state, window)
-            self.tick(job, state, end, windowed=True)
+        if span is not None:
+            if state.origin is None:
+                state.origin = span[0] - 1
+            t0 = time.perf_counter()
+            windows = cut(batch, self._window_ns, state.origin, horizon)
+            self.stats.seconds["window"] += time.perf_counter() - t0
+            for now, window in windows:
+                merged = state.merger.push(now, window)
+                if merged is not None:
+                    self._analyse(job, state, *merged)
         rest = {k: t for k, t in batch.items() if k not in TIME_COLUMN}
         if rest:
             self._update_window(job, state, rest)
         if state.whatif is not None:
             self._whatif(job, state, batch)
+
+    def _analyse(self, job: str, state: JobState, now: int, batch: EventBatch) -> None:
+        self._update_window(job, state, batch)
+        self.tick(job, state, now, windowed=True)
+
+    def flush(self, job: str, state: JobState) -> None:
+        """Analyse the job's merged windows now (the input is drained, or time went on)."""
+        merged = state.merger.flush()
+        if merged is not None:
+            self._analyse(job, state, *merged)
 
     def _update_window(self, job: str, state: JobState, batch: EventBatch) -> None:
         advanced = False
@@ -277,11 +294,21 @@ class Jobs:
         assert callable(clock)
         return int(clock())
 
-    def tick_all(self) -> None:
+    def tick_all(self, drained: bool = False) -> None:
+        """Tick every job at its clock's time. Windows held for merging are analysed first
+        when the job's time went past its data (silence) or the input is ``drained``;
+        otherwise the tick waits for them (a tick must not run ahead of held data)."""
         for job, state in list(self.states.items()):
+            if drained:
+                self.flush(job, state)
             now = self.now(state)
-            if now is not None:
-                self.tick(job, state, now)
+            if now is None:
+                continue
+            if state.merger.pending:
+                if now <= max(state.watermark, state.merger.now):
+                    continue
+                self.flush(job, state)
+            self.tick(job, state, now)
 
     def tick(self, job: str, state: JobState, now: int, windowed: bool = False) -> None:
         """``on_tick(now)`` unless the job's time did not move on (enough). ``windowed``:
@@ -358,11 +385,13 @@ class Jobs:
         """The job's detection state, JSON-friendly when its analyzers' snapshots are."""
         snap = getattr(st.analyzer, "snapshot", None)
         whatif_snap = getattr(st.whatif, "snapshot", None) if st.whatif is not None else None
-        held = {k: base64.b64encode(encode(k, concat_tables(parts), "zstd")).decode()
-                for k, parts in st.held.items() if parts}
+        held = _encoded(st.held)
+        merger = st.merger
         return {"meta": st.meta.to_row(), "partition": st.partition,
                 "watermark": st.watermark, "last_tick": st.last_tick,
-                "held": held, "kind_wm": dict(st.kind_wm),
+                "held": held, "kind_wm": dict(st.kind_wm), "origin": st.origin,
+                "merged": {"tables": _encoded(merger.pending), "first": merger.first,
+                           "now": merger.now},
                 "version": st.version, "diag_version": st.diag_version,
                 "anomalies": [a.to_dict() for a in st.anomalies.values()],
                 "analyzer": snap() if callable(snap) else None,
@@ -392,12 +421,31 @@ class Jobs:
             diag_version=int(d.get("diag_version", 0)),
             anomalies={a["id"]: Anomaly.from_dict(a) for a in d["anomalies"]}, whatif=whatif,
             kind_wm={str(k): int(v) for k, v in d.get("kind_wm", {}).items()},
-            kind_seen={str(k): now for k in d.get("kind_wm", {})})
-        for kind, text in d.get("held", {}).items():
-            reader = ipc.open_stream(pa.BufferReader(base64.b64decode(text)))
-            table = reader.read_all()
-            if table.num_rows:
-                st.held[kind] = [table]
-                st.held_rows += table.num_rows
+            kind_seen={str(k): now for k in d.get("kind_wm", {})},
+            origin=None if d.get("origin") is None else int(d["origin"]),
+            merger=self._merger())
+        st.held = _decoded(d.get("held", {}))
+        st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)
+        merged = d.get("merged")
+        if merged:
+            st.merger.pending = _decoded(merged["tables"])
+            st.merger.rows = sum(t.num_rows for parts in st.merger.pending.values()
+                                 for t in parts)
+            st.merger.first, st.merger.now = int(merged["first"]), int(merged["now"])
         self.stats.jobs = len(self.states)
         return st
+
+
+def _encoded(tables: Mapping[str, list[pa.Table]]) -> dict[str, str]:
+    """Held tables by kind as base64 Arrow IPC (zstd), for a JSON snapshot."""
+    return {k: base64.b64encode(encode(k, concat_tables(parts), "zstd")).decode()
+            for k, parts in tables.items() if parts}
+
+
+def _decoded(encoded: Mapping[str, str]) -> dict[str, list[pa.Table]]:
+    out: dict[str, list[pa.Table]] = {}
+    for kind, text in encoded.items():
+        table = ipc.open_stream(pa.BufferReader(base64.b64decode(text))).read_all()
+        if table.num_rows:
+            out[kind] = [table]
+    return out

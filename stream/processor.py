@@ -186,7 +186,7 @@ class StreamProcessor:
         if not abandoned:
             if drained:  # everything available was read: analyse all of it
                 self._jobs.run_batches(force=True)
-                self._jobs.tick_all()
+                self._jobs.tick_all(drained=True)
             self.checkpoint()
         return self.stats
 

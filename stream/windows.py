@@ -1,5 +1,6 @@
-"""Batching of a job's records: event-time windows (as ``failslow analyze`` replays a
-trace), splitting at an alignment horizon, and the small table helpers of the processor."""
+"""Batching of a job's records: splitting at an alignment horizon, and the small table
+helpers of the processor (the event-time windows themselves are
+:func:`failslow.replay.cut`'s, the same as ``failslow analyze``'s)."""
 
 from __future__ import annotations
 
@@ -10,44 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from failslow import events
 from failslow.detectors.base import EventBatch
 from failslow.replay import TIME_COLUMN
 from failslow.stream.transport import H_WATERMARK, Message
-
-
-def windows(batch: EventBatch, window_ns: int) -> list[tuple[int, EventBatch]]:
-    """``failslow.replay.replay`` of one batch (windows ``(edge - window_ns, edge]`` from the
-    batch's first event time, ``now`` = the window's end or the last event time), without
-    sorting kinds whose rows are already in time order (they usually are)."""
-    timed = {k: t for k, t in batch.items() if k in TIME_COLUMN and t.num_rows}
-    if not timed:
-        return []
-    times: dict[str, np.ndarray] = {}
-    for kind, table in timed.items():
-        column = table.column(TIME_COLUMN[kind])
-        t = column.to_numpy() if column.null_count == 0 else \
-            pc.fill_null(column, events.NULL_TIME).to_numpy()
-        if t.size > 1 and bool((t[1:] < t[:-1]).any()):
-            order = np.argsort(t, kind="stable")
-            timed[kind] = table.take(pa.array(order))
-            t = t[order]
-        times[kind] = t
-    t0 = min(int(t[0]) for t in times.values())
-    t1 = max(int(t[-1]) for t in times.values())
-    edges = np.arange(t0 - 1, t1 + window_ns, window_ns, dtype=np.int64)
-    edges[-1] = max(edges[-1], t1)
-    cuts = {k: np.searchsorted(t, edges, side="right") for k, t in times.items()}
-    out: list[tuple[int, EventBatch]] = []
-    for i in range(1, len(edges)):
-        window: EventBatch = {}
-        for kind, table in timed.items():
-            lo, hi = int(cuts[kind][i - 1]), int(cuts[kind][i])
-            if hi > lo:
-                window[kind] = table.slice(lo, hi - lo)
-        if window:
-            out.append((min(int(edges[i]), t1), window))
-    return out
 
 
 def split_at(table: pa.Table, column: str, horizon: int) -> tuple[pa.Table, pa.Table]:

@@ -5,13 +5,13 @@ detection pass are in :mod:`~failslow.detectors.hang.reports`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from failslow import events
-from failslow.detectors.base import EventBatch
+from failslow.detectors.base import EventBatch, Reporting
 from failslow.detectors.hang import state as snapshots
 from failslow.detectors.hang.comms import CommTable
 from failslow.detectors.hang.config import ALLREDUCE, NO_TIME, HangConfig
@@ -39,6 +39,10 @@ class HangDetector:
     per-rank clocks (:attr:`ranks`), queue pairs (:attr:`links`) and the hangs reported
     (:attr:`hangs`).
     """
+
+    name: ClassVar[str] = "hang"
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "progress", "link"})
+    produces: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, meta: JobMeta, config: HangConfig | None = None) -> None:
         self.meta = meta
@@ -79,6 +83,9 @@ class HangDetector:
     def on_tick(self, now_ns: int) -> list[Anomaly]:
         self.now = max(self.now, int(now_ns))
         return self.hangs.finished(self.flight.fl["hang"]) + self._check(int(now_ns))
+
+    def outputs(self) -> dict[str, pa.Table]:
+        return {}
 
     def snapshot(self) -> dict[str, Any]:
         return snapshots.snapshot(self)
@@ -222,7 +229,7 @@ class HangDetector:
         return np.array([r for r in cand.tolist() if r not in roots], dtype=np.int64)
 
 
-def replay_with_ticks(det: HangDetector, tables: dict[str, pa.Table],
+def replay_with_ticks(det: Reporting, tables: dict[str, pa.Table],
                       tick_ns: int = 100_000_000, tail_ns: int = 0) -> list[Anomaly]:
     """Feed a trace to the detector as a stream would: ``update`` per replayed window and
     ``on_tick`` every ``tick_ns`` of trace time, also through windows with no records and

@@ -12,7 +12,7 @@ import hashlib
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,7 @@ from failslow.detectors.iterations import fewops
 from failslow.detectors.iterations.columns import _median, coll_columns, rank_time_order
 from failslow.detectors.iterations.period import find_period, symbols
 from failslow.detectors.iterations.rank_state import _Rank, commit_anchor
+from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 
 
@@ -52,15 +53,21 @@ class IterationConfig:
 class IterationTracker:
     """Per-rank and job iteration boundaries and times (Greyhound §4.2), incremental.
 
-    ``update(batch)`` consumes ``coll`` rows (only ``enter`` rows are used) and returns the
+    ``track(batch)`` consumes ``coll`` rows (only ``enter`` rows are used) and returns the
     new rows of :data:`failslow.results.SCHEMAS` ``["iterations"]``: one per completed
     iteration of a rank, and one per completed iteration of the job (rank -1: median over
-    the ranks' iterations of that number).
+    the ranks' iterations of that number). As a detector (``update``) it reports nothing
+    and derives those rows for the detectors after it (``outputs()["iterations"]``).
     """
+
+    name: ClassVar[str] = "iterations"
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "span"})
+    produces: ClassVar[tuple[str, ...]] = ("iterations",)
 
     def __init__(self, meta: JobMeta, config: IterationConfig | None = None) -> None:
         self.meta = meta
         self.config = config or IterationConfig()
+        self._last = results.empty("iterations")
         self.ranks: dict[int, _Rank] = {}
         # learning buffers: rank -> list of arrays (comm, seq, op, bytes, t)
         self._buf: dict[int, list[np.ndarray]] = {}
@@ -111,7 +118,19 @@ class IterationTracker:
 
     # ------------------------------------------------------------------ update
 
-    def update(self, batch: EventBatch) -> pa.Table:
+    def update(self, batch: EventBatch) -> list[Anomaly]:
+        """Detector protocol: :meth:`track`, its rows kept for :meth:`outputs`."""
+        self._last = self.track(batch)
+        return []
+
+    def on_tick(self, now_ns: int) -> list[Anomaly]:
+        return []  # iterations end on data
+
+    def outputs(self) -> dict[str, pa.Table]:
+        return {"iterations": self._last}
+
+    def track(self, batch: EventBatch) -> pa.Table:
+        """The new ``iterations`` rows of ``batch`` (class docstring)."""
         span = batch.get("span")
         if self._any_few and span is not None and span.num_rows:
             self._add_spans(span)

@@ -4,7 +4,8 @@ do not depend on how the records were cut into batches."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,12 +47,18 @@ def _json_list(v: np.ndarray) -> list[Any]:
 
 class LinkRateDetector:
     """Per-link transfer rates against the link's own baseline and its peers' (detector
-    protocol: ``update`` / ``on_tick`` / ``snapshot`` / ``restore``). ``update`` also takes
-    the job's iteration rows (the window length and the job cost) and the anomalies other
-    detectors already reported (no duplicate of a link they name)."""
+    protocol). ``update`` also reads the job's iteration rows (``iterations`` in the batch:
+    the window length and the job cost) and, through ``known``, the anomalies the other
+    detectors reported so far (no duplicate of a link they name)."""
 
-    def __init__(self, meta: JobMeta, config: LinkRateConfig | None = None) -> None:
+    name: ClassVar[str] = "linkrate"
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "link", "iterations"})
+    produces: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, meta: JobMeta, config: LinkRateConfig | None = None,
+                 known: Callable[[], list[Anomaly]] | None = None) -> None:
         self.meta = meta
+        self.known = known or list
         self.config = c = config or LinkRateConfig()
         self.k_open = c.open_count()
         self.samples = SampleExtractor(meta, c.min_bytes, int(c.max_pending_s * 1e9))
@@ -73,8 +80,8 @@ class LinkRateDetector:
 
     # ------------------------------------------------------------------ protocol
 
-    def update(self, batch: EventBatch, iterations: pa.Table | None = None,
-               others: list[Anomaly] | None = None) -> list[Anomaly]:
+    def update(self, batch: EventBatch) -> list[Anomaly]:
+        iterations = batch.get("iterations")
         if iterations is not None and iterations.num_rows:
             job = iterations.filter(pc.equal(iterations.column("rank"), -1))
             if job.num_rows:
@@ -97,7 +104,7 @@ class LinkRateDetector:
         self._grow_queues(len(self.queues.index))
         out: list[Anomaly] = []
         while self.origin + (self.next_w + 2) * self.width <= self.max_t:
-            out += self._close_window(self.next_w, others or [])
+            out += self._close_window(self.next_w, self.known())
             self.next_w += 1
         keep = self.pending["t"] >= self.origin + self.next_w * self.width
         self.pending = {k: v[keep] for k, v in self.pending.items()}
@@ -107,6 +114,9 @@ class LinkRateDetector:
 
     def on_tick(self, now_ns: int) -> list[Anomaly]:
         return []  # windows close on data time (batch-independent)
+
+    def outputs(self) -> dict[str, pa.Table]:
+        return {}
 
     # ------------------------------------------------------------------ windows
 

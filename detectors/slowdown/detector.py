@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,14 +42,22 @@ class SlowdownDetector:
 
     Its parts: ``joiner`` (rounds), ``stats`` (the binned evidence), ``timeline`` (the job
     iterations), ``change`` (the change tracker), ``localizer`` and ``lifecycle`` (the
-    anomalies)."""
+    anomalies).
+
+    It reads the job iterations the :class:`IterationTracker` derives (``iterations`` in the
+    batch, registered before it); alone (``own_tracker``, the default) it runs a tracker of
+    its own on batches without them."""
+
+    name: ClassVar[str] = "slowdown"
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "span", "link", "gpu", "iterations"})
+    produces: ClassVar[tuple[str, ...]] = ("rounds",)
 
     def __init__(self, meta: JobMeta, config: SlowdownConfig | None = None,
-                 tracker: Any | None = None) -> None:
+                 own_tracker: bool = True) -> None:
         self.meta = meta
         self.config = config or SlowdownConfig()
-        self._own_tracker = tracker is None
-        self.tracker = tracker if tracker is not None else IterationTracker(meta)
+        self._own_tracker = own_tracker
+        self.tracker = IterationTracker(meta) if own_tracker else None
         self.registry = CommRegistry(meta)
         self.joiner = RoundJoiner(self.registry, int(self.config.max_pending_age_s * 1e9))
         self.stats = BinnedStats(meta, self.config, self.registry)
@@ -83,7 +91,8 @@ class SlowdownDetector:
 
     # ------------------------------------------------------------------ protocol
 
-    def update(self, batch: EventBatch, iterations: pa.Table | None = None) -> list[Anomaly]:
+    def update(self, batch: EventBatch) -> list[Anomaly]:
+        iterations = batch.get("iterations")
         coll = batch.get("coll")
         self.last_rounds = self._no_rounds
         stats = self.stats
@@ -99,8 +108,8 @@ class SlowdownDetector:
             table = batch.get(kind)
             if table is not None and table.num_rows:
                 fn(table)
-        if self._own_tracker:
-            iterations = self.tracker.update(batch)
+        if self.tracker is not None and iterations is None:
+            iterations = self.tracker.track(batch)
             self.last_iterations = iterations
         reports: list[Anomaly] = []
         if iterations is not None and iterations.num_rows:
@@ -113,7 +122,10 @@ class SlowdownDetector:
         return reports
 
     def on_tick(self, now_ns: int) -> list[Anomaly]:
-        return []
+        return []  # decisions are taken when iterations end (class docstring)
+
+    def outputs(self) -> dict[str, pa.Table]:
+        return {"rounds": self.last_rounds}
 
     # ------------------------------------------------------------------ iterations
 
@@ -163,7 +175,7 @@ class SlowdownDetector:
             "first_iter_t": timeline.first_t, "horizon": timeline.horizon,
             "max_t": self.max_t, "next_id": self.lifecycle.next_id,
             "levels": [asdict(op) for op in self.lifecycle.levels],
-            "tracker": self.tracker.snapshot() if self._own_tracker else None,
+            "tracker": self.tracker.snapshot() if self.tracker is not None else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -188,5 +200,5 @@ class SlowdownDetector:
         self.max_t = int(state["max_t"])
         self.lifecycle.next_id = int(state["next_id"])
         self.lifecycle.levels = [SlowLevel(**op) for op in state["levels"]]
-        if self._own_tracker and state.get("tracker") is not None:
+        if self.tracker is not None and state.get("tracker") is not None:
             self.tracker.restore(state["tracker"])

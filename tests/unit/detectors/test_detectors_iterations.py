@@ -53,7 +53,7 @@ def test_no_period_in_noise() -> None:
 
 def _track(job, window_ns: int = 20_000_000) -> tuple[IterationTracker, pa.Table]:
     tracker = IterationTracker(job.meta)
-    rows = [tracker.update(b) for _, b in replay(job.tables, window_ns)]
+    rows = [tracker.track(b) for _, b in replay(job.tables, window_ns)]
     return tracker, pa.concat_tables(rows)
 
 
@@ -94,12 +94,12 @@ def test_snapshot_restore_mid_learning() -> None:
     job = generate(tp=2, pp=1, dp=2, iterations=20)
     batches = list(replay(job.tables, 20_000_000))
     ref = IterationTracker(job.meta)
-    ref_rows = pa.concat_tables([ref.update(b) for _, b in batches])
+    ref_rows = pa.concat_tables([ref.track(b) for _, b in batches])
     a = IterationTracker(job.meta)
-    rows = [a.update(b) for _, b in batches[:5]]  # still learning the period
+    rows = [a.track(b) for _, b in batches[:5]]  # still learning the period
     b = IterationTracker(job.meta)
     b.restore(json.loads(json.dumps(a.snapshot())))
-    rows += [b.update(x) for _, x in batches[5:]]
+    rows += [b.track(x) for _, x in batches[5:]]
     assert pa.concat_tables(rows).equals(ref_rows)
 
 

@@ -88,6 +88,10 @@ def test_batch_sizes_give_the_same_diagnosis() -> None:
 class _Broken:
     """A hang detector whose every call raises (a detector bug on some input)."""
 
+    name = "hang"
+    kinds = HangDetector.kinds
+    produces = ()
+
     def update(self, batch: object) -> list:
         raise ValueError("cannot convert float NaN to integer")
 
@@ -100,13 +104,16 @@ class _Broken:
     def snapshot(self) -> dict:
         return self.state
 
+    def outputs(self) -> dict:
+        return {}
+
 
 def test_a_failing_detector_is_isolated_and_the_diagnosis_says_so() -> None:
     job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[Fault("compute", 15, 30, 1.5, rank=6)])
     healthy = JobAnalyzer(job.meta)
     _run(healthy, list(replay(job.tables, 20 * MS)))
     analyzer = JobAnalyzer(job.meta)
-    analyzer.hang = _Broken(job.meta)  # type: ignore[assignment]
+    analyzer.detectors["hang"] = _Broken(job.meta)  # type: ignore[assignment]
     reports, _, _ = _run(analyzer, list(replay(job.tables, 20 * MS)))
     diag = analyzer.diagnosis().to_dict()
     # the other detectors went on: the same slow-down as without the failure

@@ -20,7 +20,7 @@ from failslow import cli
 from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.events import JobMeta
 from failslow.mitigation.planner import ADVICE_SCHEMA, Advice, PlannerConfig
-from failslow.replay import DEFAULT_WINDOW_NS, replay
+from failslow.replay import DEFAULT_WINDOW_NS, coalesce, replay
 from failslow.simulator import simulate
 from failslow.simulator.scenario import scenario_from_dict
 from failslow.stream.processor import ProcessorConfig, StreamProcessor
@@ -77,7 +77,7 @@ def _offline(sim: Any) -> list[Advice]:
     """What ``failslow analyze`` would decide: the analyzer over the replayed trace."""
     analyzer = _factory(sim.meta)
     out: list[Advice] = []
-    for now, batch in replay(sim.tables, DEFAULT_WINDOW_NS):
+    for now, batch in coalesce(replay(sim.tables, DEFAULT_WINDOW_NS)):
         out += analyzer.update(batch).advice
         out += analyzer.on_tick(now).advice
     return out

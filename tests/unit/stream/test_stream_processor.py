@@ -29,6 +29,7 @@ def _processor(bus: InProcessTransport, sink: Sink | None = None,
     kwargs.setdefault("clock", "event")
     # FakeAnalyzer derives a round from one batch only: no event-time windows here
     kwargs.setdefault("window_ns", 10**15)
+    kwargs.setdefault("min_batch_rows", 0)  # every poll analysed, no merged windows
     kwargs.setdefault("analyzer_kinds", ("coll",))  # the synthetic jobs send coll only
     sleep = kwargs.pop("sleep", None)
     return StreamProcessor(bus, sink, ProcessorConfig(**kwargs), analyzer_factory=factory,

@@ -178,6 +178,7 @@ def test_wall_clock_stands_still_while_input_waits() -> None:
     made: dict[str, list[synth.FakeAnalyzer]] = {}
     proc = StreamProcessor(bus, None, ProcessorConfig(clock="wall", max_messages=1,
                                                       silence_grace_s=0.2, window_ns=10**15,
+                                                      min_batch_rows=0,
                                                       analyzer_kinds=("coll",)),
                            analyzer_factory=_factory(made))
     for _ in range(3):
@@ -261,7 +262,8 @@ def test_kinds_consumed_out_of_order_are_analysed_in_time_order() -> None:
 
     proc = StreamProcessor(bus, None, ProcessorConfig(clock="event", max_messages=1,
                                                       analyzer_kinds=("coll", "progress"),
-                                                      align=True), analyzer_factory=factory)
+                                                      align=True, min_batch_rows=0),
+                           analyzer_factory=factory)
     for _ in range(14):
         proc.step()
     ranges = made[0].ranges

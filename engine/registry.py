@@ -1,0 +1,120 @@
+"""Every detector, registered once: the engine builds a job's detectors from this table,
+in this order (a detector reads the tables the ones before it derive: the slow-down and
+link-rate detectors read the iteration tracker's ``iterations``).
+
+In the manner of node_exporter's collector registry: each entry has a name, the class, and
+an enable flag in :class:`JobConfig` (``detectors``); the record kinds the engine feeds a job
+(:func:`input_kinds`), online and offline, are derived from the enabled classes' ``kinds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from failslow import events
+from failslow.detectors.base import Detector
+from failslow.detectors.hang import HangConfig, HangDetector
+from failslow.detectors.iterations import IterationConfig, IterationTracker
+from failslow.detectors.linkrate import LinkRateConfig, LinkRateDetector
+from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
+from failslow.diagnosis import Anomaly
+from failslow.events import JobMeta
+from failslow.mitigation.planner import PlannerConfig
+from failslow.settings import get_settings
+
+#: Known anomalies so far, for detectors that must not repeat another's (link-rate).
+Known = Callable[[], list[Anomaly]]
+
+
+@dataclass
+class JobConfig:
+    """Settings of the detectors of one job, and which of them run."""
+
+    iterations: IterationConfig = field(default_factory=IterationConfig)
+    slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
+    hang: HangConfig | None = None
+    #: degraded links even when the job absorbs them (None: not run)
+    linkrate: LinkRateConfig | None = field(default_factory=LinkRateConfig)
+    #: action costs of the mitigation planner (None: no planner, no advice)
+    planner: PlannerConfig | None = field(default_factory=lambda: PlannerConfig.from_costs(
+        get_settings().processor.planner_costs))
+    #: every S2 micro-batch count a multiple of this (the pipeline depth for 1F1B, §5.2)
+    planner_multiple_of: int = 1
+    #: the detectors that run, by registry name (None: all; ``linkrate`` also needs its
+    #: config); a detector whose input another one derives brings that one along
+    detectors: frozenset[str] | None = None
+
+    def enabled(self, name: str) -> bool:
+        if name == "linkrate" and self.linkrate is None:
+            return False
+        if self.detectors is None:
+            return True
+        return name in self.detectors or any(
+            name in _needs(other) for other in self.detectors)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered detector: its class and how to build it for a job."""
+
+    cls: type
+    make: Callable[[JobMeta, JobConfig, Known], Detector]
+
+    @property
+    def name(self) -> str:
+        return str(self.cls.name)  # type: ignore[attr-defined]
+
+
+def _slowdown(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
+    # the tracker is the registered one, upstream: iterations arrive in the batch
+    return SlowdownDetector(meta, config.slowdown, own_tracker=False)
+
+
+def _linkrate(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
+    return LinkRateDetector(meta, config.linkrate, known=known)
+
+
+#: The detectors, in the order their derived tables flow.
+REGISTRY: tuple[Entry, ...] = (
+    Entry(IterationTracker, lambda meta, config, known: IterationTracker(meta, config.iterations)),
+    Entry(SlowdownDetector, _slowdown),
+    Entry(HangDetector, lambda meta, config, known: HangDetector(meta, config.hang)),
+    Entry(LinkRateDetector, _linkrate),
+)
+
+NAMES: tuple[str, ...] = tuple(e.name for e in REGISTRY)
+
+
+def _needs(name: str) -> set[str]:
+    """Registered detectors whose derived tables ``name`` reads."""
+    entry = next((e for e in REGISTRY if e.name == name), None)
+    if entry is None:
+        raise ValueError(f"no detector {name!r}; known: {', '.join(NAMES)}")
+    kinds: frozenset[str] = entry.cls.kinds  # type: ignore[attr-defined]
+    return {e.name for e in REGISTRY
+            if set(e.cls.produces) & kinds}  # type: ignore[attr-defined]
+
+
+def build(meta: JobMeta, config: JobConfig, known: Known) -> dict[str, Detector]:
+    """The enabled detectors of a job, by name, in registry order."""
+    return {e.name: e.make(meta, config, known) for e in REGISTRY if config.enabled(e.name)}
+
+
+#: Record kinds the what-if analysis reads besides the detectors' (ByteDance §3).
+WHATIF_KINDS = frozenset({"coll", "span"})
+
+
+def input_kinds(config: JobConfig | None = None) -> tuple[str, ...]:
+    """The record kinds (events.md) the engine reads for a job: those of its enabled
+    detectors (all without ``config``) and of the what-if analysis, in contract order.
+    Online and offline read exactly these."""
+    wanted: set[str] = set(WHATIF_KINDS)
+    for e in REGISTRY:
+        if config is None or config.enabled(e.name):
+            wanted |= e.cls.kinds  # type: ignore[attr-defined]
+    return tuple(k for k in events.KINDS if k in wanted)
+
+
+#: The record kinds of a default job (``failslow analyze`` and ``failslow process``).
+KINDS: tuple[str, ...] = input_kinds()
