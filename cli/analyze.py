@@ -32,14 +32,20 @@ def _print_table(diag: Diagnosis) -> None:
     if not diag.anomalies:
         console.print("no anomaly found")
         return
+    from datetime import UTC, datetime
+
     t0 = min((a.start_ns for a in diag.anomalies if a.start_ns is not None), default=0)
-    table = Table(title="anomalies (times in s after the first onset)", show_header=True)
+    day = datetime.fromtimestamp(t0 / 1e9, UTC).strftime("%Y-%m-%d")
+    table = Table(title=f"anomalies (wall-clock times, UTC, {day})", show_header=True)
     for col in ("id", "kind", "cause", "ranks", "link", "comm kind", "stage", "start",
                 "detected", "end", "slowdown", "R", "P"):
         table.add_column(col)
     for a in diag.anomalies:
         def rel(v: int | None) -> str:
-            return "-" if v is None else f"{(v - t0) / 1e9:.3f}"
+            if v is None:
+                return "-"
+            t = datetime.fromtimestamp(v / 1e9, UTC)
+            return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
 
         table.add_row(
             a.id, a.kind, a.cause, ",".join(map(str, a.ranks)) or "-",

@@ -157,7 +157,7 @@ def _demo_analyzer(processor_module: Any) -> Any:
 
 def _advice_table(advice: Any, t0: int, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("at s", "anomaly", "strategy", "action", "impact s", "cost s", "reason"):
+    for col in ("at (UTC)", "anomaly", "strategy", "action", "impact s", "cost s", "reason"):
         table.add_column(col, justify="right" if col.endswith(" s") else "left")
     rows = sorted(advice.to_pylist(), key=lambda r: (r["t_ns"], r["advice_id"]))
     for r in rows:
@@ -180,7 +180,10 @@ def _origin(iterations: Any, rounds: Any, default: int) -> int:
 
 
 def _s(ns: int | None, t0: int) -> str:
-    return "-" if ns is None else f"{(ns - t0) / 1e9:.1f}"
+    """Wall-clock time (UTC) of ``ns``; ``t0`` kept for the callers."""
+    from failslow.dashboards.report_story import wall
+
+    return "-" if ns is None else wall(ns)
 
 
 def _who(a: Anomaly) -> str:
@@ -191,9 +194,9 @@ def _who(a: Anomaly) -> str:
 
 def _anomaly_table(anomalies: list[Anomaly], t0: int, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("id", "kind", "cause", "ranks / link", "stage", "start s", "detected s",
-                "end s", "slowdown"):
-        table.add_column(col, justify="right" if col.endswith(("s", "slowdown")) else "left")
+    for col in ("id", "kind", "cause", "ranks / link", "stage", "start (UTC)", "detected (UTC)",
+                "end (UTC)", "slowdown"):
+        table.add_column(col, justify="right" if col.endswith(("UTC)", "slowdown")) else "left")
     for a in anomalies:
         table.add_row(a.id, a.kind, a.cause, _who(a), a.stage or "-", _s(a.start_ns, t0),
                       _s(a.detected_ns, t0), _s(a.end_ns, t0),
@@ -205,7 +208,8 @@ def _anomaly_table(anomalies: list[Anomaly], t0: int, title: str) -> Table:
 
 def _truth_table(matches: Any, extra: list[Anomaly], t0: int) -> Table:
     table = Table(title="Against the simulator's ground truth", title_justify="left")
-    for col in ("injected", "ranks / link", "start s", "end s", "result", "diagnosed as"):
+    for col in ("injected", "ranks / link", "start (UTC)", "end (UTC)", "result",
+                "diagnosed as"):
         table.add_column(col)
     for m in matches:
         t = m.truth

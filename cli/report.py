@@ -49,6 +49,8 @@ class JobData:
     #: the mitigation planner's decisions (``Advice.to_dict()`` shape), in decision order
     advice: list[dict[str, Any]] = field(default_factory=list)
     advice_reason: str = ""
+    #: the planner's action costs (s) by strategy; None: the planner's defaults
+    planner_costs: dict[str, float] | None = None
 
 
 def add_parser(subparsers: Any) -> None:
@@ -111,10 +113,11 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     diagnosis = analyzer.diagnosis()
     data = JobData(meta, diagnosis, _concat(iterations, "iterations"), _concat(rounds, "rounds"))
     data.advice = advice
-    if not advice:
-        data.advice_reason = ("the planner decided nothing: no slow-down's impact reached a "
-                              "strategy's cost" if getattr(analyzer, "planner", None)
-                              else "no mitigation planner")
+    planner = getattr(analyzer, "planner", None)
+    if planner is not None:
+        data.planner_costs = dict(planner.config.cost_s)
+    elif not advice:
+        data.advice_reason = "no mitigation planner"
     truth_file = Path(path) / "truth.json"
     if truth_file.exists():
         data.truth = Diagnosis.load(truth_file)
@@ -225,29 +228,87 @@ def _stored_advice(client: Any, database: str, job: str) -> tuple[list[dict[str,
 # ---------------------------------------------------------------------------------------------
 
 
-def build(data: JobData, out: Path, perfetto: Path | None = None) -> dict[str, Any]:
+def _story(data: JobData, whatif: bool) -> tuple[Any, Any, tuple[int, int] | None]:
+    """The report's story (:mod:`failslow.dashboards.report_story`): the diagnosed anomaly,
+    and the critical path, heatmap, what-if and advice reason of its window. Returns the
+    story parts, the critical-path story and the shown iteration's bounds."""
+    from failslow.dashboards import report_story as rs
+
+    meta = data.meta
+    focus = rs.primary(data.diagnosis.anomalies, meta.world_size)
+    if focus is not None:
+        focus = rs.with_all_hung(focus, data.diagnosis.anomalies)
+    story = rs.StoryParts(anomaly=focus)
+    w = rs.window_of(data.iterations, focus) if focus is not None else None
+    path = None
+    bounds = None
+    if focus is not None and focus.kind == "hang" and data.window is not None:
+        start = focus.start_ns or focus.detected_ns or 0
+        end = max(a.detected_ns or a.start_ns or 0 for a in data.diagnosis.anomalies)
+        story.hang_coll = data.window(start - 600 * 10**9, end + 600 * 10**9)[0]
+    if w is not None and focus is not None:
+        path = rs.path_story(data.window, w, focus)
+        story.critical_note, story.critical_by_rank = path.note, path.by_rank
+        story.critical_iterations = path.window_iterations
+        bounds = next(((t0, t1) for n, t0, t1, _ in w.iterations if n == path.iteration), None)
+        first, last = w.iterations[0][0], w.iterations[-1][0]
+        story.heat_rounds = rs.filter_rounds(data.rounds, w.t0, w.t1)
+        story.heat_iterations = len(w.iterations)
+        story.heat_scope = (f"in the anomaly's iterations {first}-{last} "
+                            f"({rs.wall(w.t0)}-{rs.wall(w.t1)} UTC)")
+        if whatif and focus.kind == "slow":
+            result, why = rs.whatif_window(data.window, meta, w)
+            scope = "the whole trace"
+            if result is not None:
+                data.diagnosis.whatif = result
+                scope = f"computed on the anomaly's iterations {first}-{last}"
+            elif why:
+                data.whatif_reason = "; ".join(x for x in (
+                    data.whatif_reason, f"on the anomaly's iterations: {why}") if x)
+            story.whatif_note = rs.whatif_note(data.diagnosis.whatif, focus, scope)
+    mine = [a for a in data.advice if focus is not None and a.get("anomaly_id") == focus.id]
+    if not mine and (focus is not None or not data.advice_reason):
+        reason = rs.no_advice_reason(focus, w, meta, data.planner_costs)
+        if data.advice:
+            reason = f"none for {focus.id if focus else 'the diagnosed anomaly'}: {reason}"
+        data.advice_reason = reason
+    return story, path, bounds
+
+
+def build(data: JobData, out: Path, perfetto: Path | None = None,
+          whatif: bool = True) -> dict[str, Any]:
     """Write the report (and the Chrome trace); returns what was done."""
     from failslow.dashboards import critical_path as cp
+    from failslow.dashboards import report_story as rs
     from failslow.dashboards.report import write_report
 
     anomalies: list[Anomaly] = data.diagnosis.anomalies
+    story, told, window = _story(data, whatif)
     path: list[cp.Segment] | None = None
     iteration = None
     reason = ""
-    window: tuple[int, int] | None = None
     coll = span = None
-    try:
-        iteration, t0, t1 = cp.slow_iteration(data.iterations, anomalies)
-        window = (t0, t1)
-        coll, span = data.window(t0, t1) if data.window else (None, None)
-        if coll is None or coll.num_rows == 0:
-            reason = "no coll rows in the slow iteration"
-        else:
-            path = cp.critical_path(coll, t0, t1)
-            if not path:
-                reason = f"no completed operation in iteration {iteration}"
-    except ValueError as e:
-        reason = f"no iterations were detected ({e})"
+    if told is not None:
+        path, iteration, reason = told.path, told.iteration, told.reason
+        if window is not None and data.window:
+            coll, span = data.window(*window)
+    elif story.anomaly is not None and story.anomaly.kind == "hang" and \
+            data.iterations.num_rows == 0:
+        reason = ("the job hung before any iteration completed; it halted at "
+                  f"{rs.who(story.anomaly, data.meta)} (see the timeline to the halt)")
+    else:
+        try:
+            iteration, t0, t1 = cp.slow_iteration(data.iterations, anomalies)
+            window = (t0, t1)
+            coll, span = data.window(t0, t1) if data.window else (None, None)
+            if coll is None or coll.num_rows == 0:
+                reason = "no coll rows in the slow iteration"
+            else:
+                path = cp.critical_path(coll, t0, t1)
+                if not path:
+                    reason = f"no completed operation in iteration {iteration}"
+        except ValueError as e:
+            reason = f"no iterations were detected ({e})"
     images: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
         if data.diagnosis.whatif and "worker_grid" in data.diagnosis.whatif:
@@ -261,7 +322,7 @@ def build(data: JobData, out: Path, perfetto: Path | None = None) -> dict[str, A
                      truth=data.truth, critical_path=path, critical_iteration=iteration,
                      critical_reason=reason, whatif_images=images,
                      whatif_reason=data.whatif_reason, advice=data.advice,
-                     advice_reason=data.advice_reason, sections=True)
+                     advice_reason=data.advice_reason, sections=True, story=story)
     done: dict[str, Any] = {"report": str(out), "anomalies": len(anomalies),
                             "critical_iteration": iteration,
                             "critical_segments": len(path or []),
@@ -292,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
                                            args.database or DEFAULT_DATABASE)
         else:
             data = from_trace_dir(args.trace_dir, whatif=not args.no_whatif)
-        done = build(data, args.out, args.perfetto)
+        done = build(data, args.out, args.perfetto, whatif=not args.no_whatif)
     except (LookupError, ValueError, FileNotFoundError) as e:
         print(f"failslow report: {e}", file=sys.stderr)
         return 1

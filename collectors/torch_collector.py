@@ -349,7 +349,8 @@ class TorchCollector:
             seq = g.seq
             g.seq += 1
             rec = [R.KIND_COLL, events.OP[WRAPPED[name]], events.ENTER, R.SRC_TEST, self.rank,
-                   g.rank, g.size, peer, -1, g.comm, seq, nbytes, time.time_ns(), -1,
+                   g.rank, g.size, peer, -1, g.comm, seq, nbytes, time.time_ns(),
+                   int(events.NULL_TIME),  # t_start unknown: null (events.md), never -1
                    0, 0, 0, 0, 0, 0, b""]
             self._put(tuple(rec))
         return rec

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ class TraceDir:
             elif jsonl.exists():
                 self._files[kind] = jsonl
         if "coll" not in self._files:
-            raise ContractError("no coll.parquet or coll.jsonl (required)", source=str(self.path))
+            raise ContractError("no coll.parquet or coll.jsonl (required)"
+                                + import_hint(self.path), source=str(self.path))
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -74,6 +76,35 @@ class TraceDir:
             yield from _read_parquet(path, kind, batch_rows)
         else:
             yield from _read_jsonl(path, kind)
+
+
+#: The formats ``failslow import`` converts.
+IMPORT_FORMATS = ("flight-recorder", "straggler-analysis", "nccl-inspector")
+_INSPECTOR_SUFFIXES = (".log", ".jsonl", ".json", ".log.gz", ".jsonl.gz", ".json.gz")
+
+
+def import_hint(path: Path) -> str:
+    """``; ...`` naming the ``failslow import`` command for a folder of another tool's files
+    (or listing the formats when none is recognised); ``""`` for a folder that has our
+    ``meta.json``."""
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
+    names = [p.name for p in files]
+    if any(re.search(r"(dump|rank)_?\d+$", n) for n in names):
+        return (f"; these look like PyTorch NCCL Flight Recorder dumps: convert them with "
+                f"`failslow import flight-recorder {path} --out TRACE_DIR`")
+    traces = [n for n in names if n.startswith("trace") and n.endswith(".parquet")]
+    metas = [n for n in names if n.startswith("meta") and n.endswith((".yaml", ".yml"))]
+    if traces and metas:
+        return (f"; this looks like a ByteDance StragglerAnalysis trial: convert it with "
+                f"`failslow import straggler-analysis --trace {path / traces[0]} "
+                f"--meta {path / metas[0]} --out TRACE_DIR`")
+    if "meta.json" not in names and any(n.endswith(_INSPECTOR_SUFFIXES) for n in names):
+        return (f"; if this is NCCL Inspector output, convert it with "
+                f"`failslow import nccl-inspector {path} --out TRACE_DIR`")
+    if "meta.json" in names:
+        return ""
+    return ("; not a failslow trace directory: for another tool's files run `failslow import "
+            f"FORMAT` ({', '.join(IMPORT_FORMATS)})")
 
 
 def read_meta_json(path: Path) -> dict[str, JobMeta]:
@@ -129,16 +160,19 @@ def _read_jsonl_checked(path: Path, kind: str) -> pa.Table:
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     required = [f.name for f in events.SCHEMAS[kind] if not f.nullable]
+    torn: ContractError | None = None  # a bad line is an error unless it is the last one
     with path.open("rb") as fh:
         for number, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
+            if torn is not None:
+                raise torn
             try:
                 obj = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 msg = getattr(e, "msg", str(e))
-                raise ContractError(f"malformed JSON: {msg}", source=str(path),
-                                    line=number) from None
+                torn = ContractError(f"malformed JSON: {msg}", source=str(path), line=number)
+                continue
             if not isinstance(obj, dict):
                 raise ContractError("expected a JSON object", source=str(path), line=number)
             for name in required:
@@ -147,6 +181,9 @@ def _read_jsonl_checked(path: Path, kind: str) -> pa.Table:
                                         line=number, column=name)
             rows.append(obj)
             lines.append(number)
+    if torn is not None:  # what a crashed writer leaves: drop it, say so
+        log.warning("%s; the last line is cut off (what a crashed job leaves): dropped it",
+                    torn)
     table = _table_from_rows(kind, rows, str(path), lines)
     try:
         return events.conform(table, kind, str(path))

@@ -40,6 +40,11 @@ The config is YAML or TOML::
 
     state_file: notify-state.json          # default $FAILSLOW_DATA_DIR/notify-state.json
     severity: {warning: 0.1, error: 1, critical: 10}   # GPU-hours lost
+    severity_rules:                        # first match; default: a hang is critical
+      - {match: {kind: hang}, severity: critical}
+      - {match: {job: "test-*"}, at_most: warning}
+    timezone: Europe/Berlin                # local times in pages (default: this machine's)
+    grafana_url: https://grafana.example   # links (default: $FAILSLOW_GRAFANA_URL)
     retry: {max_attempts: 10, base_s: 1, max_s: 300, timeout_s: 10}
     receivers:
       - {name: oncall, type: pagerduty, routing_key_env: PAGERDUTY_ROUTING_KEY}
@@ -49,6 +54,10 @@ The config is YAML or TOML::
     routes:
       - {match: {job: "prod-*", min_severity: error}, receivers: [oncall], continue: true}
       - {match: {min_severity: warning}, receivers: [team, hook]}
+      - {match: {max_severity: info}, receivers: [team]}   # below the thresholds: kept
+
+What a page says (one screen: what, where with hosts, since when in local time and UTC, how
+bad, the evidence, what to do, dashboard links, the resolve) is :mod:`.notify_page`.
 
 The parts: :mod:`.notify_config` (the config), :mod:`.notify_render` (the payloads per
 receiver type), :mod:`.notify_delivery` (HTTP, signatures, rate limits); this module holds the
@@ -94,10 +103,12 @@ from failslow.dashboards.notify_delivery import (
     sign,
     verify_signature,
 )
+from failslow.dashboards.notify_page import hosts_for
 from failslow.dashboards.notify_render import Notice, advice_text, payload, summary
-from failslow.dashboards.severity import cost_gpu_hours, rank_of, severity
+from failslow.dashboards.severity import cost_gpu_hours, rank_of
 from failslow.diagnosis import Anomaly
-from failslow.settings import environment
+from failslow.events import ContractError, parse_meta_row
+from failslow.settings import environment, get_settings
 
 __all__ = [
     "DELIVERY_HEADER", "PAGERDUTY_URL", "SIGNATURE_HEADER", "STATE_VERSION", "TIMESTAMP_HEADER",
@@ -124,6 +135,7 @@ class Stats:
     rate_limited: int = 0
     bad_messages: int = 0
     advice: int = 0  # advice messages taken (new ones)
+    unrouted: int = 0  # anomalies no route took (kept: they page if they escalate)
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -158,6 +170,9 @@ class Notifier:
         self.rng = rng or random.Random()
         self.stats = Stats()
         self.world: dict[str, int] = {}
+        self.nodes: dict[str, dict[int, str]] = {}  # job -> rank -> host (from its meta)
+        self.grafana_url = (config.grafana_url if config.grafana_url is not None
+                            else get_settings().grafana.url)
         self.known: dict[str, _Known] = {}
         self.outbox: list[Delivery] = []
         self.failed: list[Delivery] = []
@@ -188,6 +203,8 @@ class Notifier:
         self.outbox = [Delivery(**d) for d in state["outbox"]]
         self.failed = [Delivery(**d) for d in state["failed"]]
         self.pending_advice = {k: list(v) for k, v in state.get("pending_advice", {}).items()}
+        self.nodes = {job: {int(r): str(h) for r, h in m.items()}
+                      for job, m in state.get("nodes", {}).items()}
 
     def save(self) -> None:
         """Write the state atomically (temporary file, fsync, rename, fsync the folder)."""
@@ -197,7 +214,9 @@ class Notifier:
                  "known": {k: v.__dict__ for k, v in self.known.items()},
                  "outbox": [d.__dict__ for d in self.outbox],
                  "failed": [d.__dict__ for d in self.failed[-1000:]],
-                 "pending_advice": self.pending_advice}
+                 "pending_advice": self.pending_advice,
+                 "nodes": {job: {str(r): h for r, h in m.items()}
+                           for job, m in self.nodes.items()}}
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w") as f:
             json.dump(state, f, sort_keys=True)
@@ -231,7 +250,11 @@ class Notifier:
         key = f"{job}/{a.id}"
         k = self.known.get(key)
         notice = Notice(event, job, a.to_dict(), sev, cost, key,
-                        None if k is None else k.advice)
+                        None if k is None else k.advice,
+                        world_size=self.world.get(job, 0),
+                        hosts=hosts_for(a, self.nodes.get(job, {})),
+                        grafana_url=self.grafana_url, timezone=self.config.timezone,
+                        now_ns=int(self.clock() * 1e9))
         for r in receivers:
             self.seq += 1
             self.outbox.append(Delivery(f"{key}#{event}#{self.seq}", r, key, event,
@@ -244,10 +267,14 @@ class Notifier:
         key = f"{job}/{a.id}"
         k = self.known.get(key)
         cost = self._cost(job, a, 0.0 if k is None else self.clock() - k.first_seen)
-        sev = severity(a.kind, cost, self.config.thresholds)
+        sev = self.config.severity(job, a, cost)
         ended = a.end_ns is not None
         if k is None:
             receivers = self.config.route(job, a, sev)
+            if not receivers:  # kept: a later escalation still pages
+                self.stats.unrouted += 1
+                log.info("notify: %s %s (%s, %.3g GPU-h) matches no route; kept, it pages if "
+                         "it escalates", key, sev, a.kind, cost)
             k = self.known[key] = _Known(job, a.to_dict(), sev, receivers, ended,
                                          self.clock(), self.clock())
             for adv in self.pending_advice.pop(key, []):  # arrived first: rides along
@@ -320,7 +347,7 @@ class Notifier:
                 continue
             a = Anomaly.from_dict(dict(k.anomaly))
             cost = self._cost(k.job, a, self.clock() - k.first_seen)
-            sev = severity(a.kind, cost, self.config.thresholds)
+            sev = self.config.severity(k.job, a, cost)
             if rank_of(sev) > rank_of(k.severity):
                 self._escalate(key, k, a, sev, cost)
 
@@ -343,7 +370,10 @@ class Notifier:
                 _, table = decode(message)
                 for row in table.to_pylist():
                     self.world[row["job"]] = int(row["world_size"])
-        except (ValueError, KeyError, TypeError) as e:
+                    meta = parse_meta_row(row, message.topic)
+                    if meta.nodes:
+                        self.nodes[meta.job] = dict(meta.nodes)
+        except (ValueError, KeyError, TypeError, ContractError) as e:
             self.stats.bad_messages += 1
             log.warning("notify: cannot use %s@%s: %s", message.topic, message.offset, e)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from failslow.dashboards.severity import SEVERITIES, Thresholds, rank_of
+from failslow.dashboards.severity import SEVERITIES, Thresholds, rank_of, severity
 from failslow.diagnosis import Anomaly
 from failslow.settings import environment
 
@@ -75,12 +75,39 @@ class Match:
     kind: str | None = None
     cause: str | None = None
     min_severity: str = "info"
+    max_severity: str = "critical"  # e.g. ``info``: a digest or low-urgency channel
+    stage: str | None = None
 
     def matches(self, job: str, a: Anomaly, sev: str) -> bool:
         return (fnmatch.fnmatchcase(job, self.job)
                 and (self.kind is None or a.kind == self.kind)
                 and (self.cause is None or a.cause == self.cause)
-                and rank_of(sev) >= rank_of(self.min_severity))
+                and (self.stage is None or a.stage == self.stage)
+                and rank_of(self.min_severity) <= rank_of(sev) <= rank_of(self.max_severity))
+
+
+@dataclass(frozen=True)
+class SeverityRule:
+    """One ``severity_rules`` entry: anomalies that match get ``severity``, or at least
+    ``at_least`` / at most ``at_most`` of what their cost says."""
+
+    match: Match
+    severity: str | None = None
+    at_least: str | None = None
+    at_most: str | None = None
+
+    def apply(self, sev: str) -> str:
+        if self.severity is not None:
+            return self.severity
+        if self.at_least is not None and rank_of(sev) < rank_of(self.at_least):
+            sev = self.at_least
+        if self.at_most is not None and rank_of(sev) > rank_of(self.at_most):
+            sev = self.at_most
+        return sev
+
+
+#: Without ``severity_rules`` in the config: a hang is critical whatever it cost so far.
+DEFAULT_SEVERITY_RULES = (SeverityRule(Match(kind="hang"), severity="critical"),)
 
 
 @dataclass(frozen=True)
@@ -112,6 +139,19 @@ class Config:
     retry: Retry = Retry()
     state_file: Path = Path("notify-state.json")
     keep_resolved_s: float = 7 * 86400.0
+    severity_rules: tuple[SeverityRule, ...] = DEFAULT_SEVERITY_RULES
+    #: IANA zone of the local times in pages (None: the notifier machine's zone)
+    timezone: str | None = None
+    #: Grafana base URL for links (None: the ``grafana.url`` setting, $FAILSLOW_GRAFANA_URL)
+    grafana_url: str | None = None
+
+    def severity(self, job: str, a: Anomaly, cost_gpu_h: float) -> str:
+        """The GPU-hour thresholds, then the first matching severity rule."""
+        sev = severity(a.kind if a.kind != "hang" else "slow", cost_gpu_h, self.thresholds)
+        for rule in self.severity_rules:
+            if rule.match.matches(job, a, sev):
+                return rule.apply(sev)
+        return sev
 
     def route(self, job: str, a: Anomaly, sev: str) -> list[str]:
         out: list[str] = []
@@ -153,7 +193,7 @@ def config_from_dict(d: Mapping[str, Any], base_dir: Path | None = None,
     _check_no_literal_secrets(dict(d), "config")
     env = environment() if env is None else env
     unknown = set(d) - {"receivers", "routes", "severity", "retry", "state_file",
-                        "keep_resolved_s"}
+                        "keep_resolved_s", "severity_rules", "timezone", "grafana_url"}
     if unknown:
         raise ConfigError(f"config: unknown key(s) {sorted(unknown)}")
     receivers: dict[str, Receiver] = {}
@@ -181,13 +221,7 @@ def config_from_dict(d: Mapping[str, Any], base_dir: Path | None = None,
     routes = []
     for i, r in enumerate(_get(d, "routes", list, "config", [])):
         where = f"routes[{i}]"
-        m = _get(r, "match", dict, where, {}) or {}
-        extra = set(m) - set(Match.__dataclass_fields__)
-        if extra:
-            raise ConfigError(f"{where}.match: unknown key(s) {sorted(extra)}")
-        match = Match(**m)
-        if match.min_severity not in SEVERITIES:
-            raise ConfigError(f"{where}.match.min_severity: one of {SEVERITIES}")
+        match = _match(r, where)
         names = tuple(_get(r, "receivers", list, where, []))
         for n in names:
             if n not in receivers:
@@ -197,12 +231,52 @@ def config_from_dict(d: Mapping[str, Any], base_dir: Path | None = None,
     if retry.max_attempts < 1 or retry.base_s <= 0 or retry.timeout_s <= 0:
         raise ConfigError("config.retry: max_attempts >= 1, base_s > 0, timeout_s > 0")
     thresholds = Thresholds.from_dict(_get(d, "severity", dict, "config", {}) or {})
+    rules: tuple[SeverityRule, ...] = DEFAULT_SEVERITY_RULES
+    if d.get("severity_rules") is not None:
+        rules = tuple(_severity_rule(r, f"severity_rules[{i}]") for i, r in
+                      enumerate(_get(d, "severity_rules", list, "config", [])))
+    tz = _get(d, "timezone", str, "config")
+    if tz:
+        from failslow.dashboards.notify_page import zone
+
+        try:
+            zone(tz)
+        except ValueError as e:
+            raise ConfigError(f"config.timezone: {e}") from None
     data_dir = Path(env.get("FAILSLOW_DATA_DIR", "") or (base_dir or Path.cwd()))
     state = Path(_get(d, "state_file", str, "config", "notify-state.json"))
     if not state.is_absolute():
         state = data_dir / state
     return Config(receivers, tuple(routes), thresholds, retry, state,
-                  float(d.get("keep_resolved_s", 7 * 86400.0)))
+                  float(d.get("keep_resolved_s", 7 * 86400.0)), rules, tz or None,
+                  _get(d, "grafana_url", str, "config"))
+
+
+def _match(r: Any, where: str) -> Match:
+    if not isinstance(r, Mapping):
+        raise ConfigError(f"{where}: expected a mapping")
+    m = _get(r, "match", dict, where, {}) or {}
+    extra = set(m) - set(Match.__dataclass_fields__)
+    if extra:
+        raise ConfigError(f"{where}.match: unknown key(s) {sorted(extra)}")
+    match = Match(**m)
+    for key in ("min_severity", "max_severity"):
+        if getattr(match, key) not in SEVERITIES:
+            raise ConfigError(f"{where}.match.{key}: one of {SEVERITIES}")
+    return match
+
+
+def _severity_rule(r: Any, where: str) -> SeverityRule:
+    match = _match(r, where)
+    extra = set(r) - {"match", "severity", "at_least", "at_most"}
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(extra)}")
+    rule = SeverityRule(match, r.get("severity"), r.get("at_least"), r.get("at_most"))
+    given = [v for v in (rule.severity, rule.at_least, rule.at_most) if v is not None]
+    if not given or any(v not in SEVERITIES for v in given):
+        raise ConfigError(f"{where}: needs severity, at_least or at_most, each one of "
+                          f"{SEVERITIES}")
+    return rule
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

@@ -1,6 +1,7 @@
 """What a page says (:mod:`failslow.dashboards.notify`): the one-line summary, the mitigation
 advice line, and the body for each receiver type (generic JSON, Slack incoming webhook,
-PagerDuty Events API v2, the Alertmanager webhook body)."""
+PagerDuty Events API v2, the Alertmanager webhook body), each carrying the one-screen page of
+:mod:`.notify_page` in the fields that service shows."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from failslow.dashboards.notify_config import Receiver
+from failslow.dashboards.notify_page import Page, build_page, culprits, victims, when, zone
 from failslow.diagnosis import Anomaly
 
 
@@ -21,22 +23,35 @@ def _iso(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _who(a: Anomaly) -> str:
+def _who(a: Anomaly, hosts: Mapping[str, str] | None = None) -> str:
+    hosts = hosts or {}
     if a.link:
-        return "link " + "-".join(str(r) for r in a.link)
-    return "rank" + ("s " if len(a.ranks) != 1 else " ") + ",".join(str(r) for r in a.ranks)
+        names = [hosts.get(str(r), "") for r in a.link]
+        on = f" ({' ↔ '.join(names)})" if any(names) else ""
+        return "link " + "-".join(str(r) for r in a.link) + on
+    shown = ",".join(str(r) for r in a.ranks[:8]) + ("…" if len(a.ranks) > 8 else "")
+    names = sorted({hosts[str(r)] for r in a.ranks if str(r) in hosts})
+    on = f" on {','.join(names[:3])}{'…' if len(names) > 3 else ''}" if names else ""
+    return "rank" + ("s " if len(a.ranks) != 1 else " ") + shown + on
 
 
 def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
-            advice: Mapping[str, Any] | None = None) -> str:
+            advice: Mapping[str, Any] | None = None,
+            hosts: Mapping[str, str] | None = None, tz_name: str | None = None) -> str:
+    """One line: severity, job, cause, where (with hosts), stage, since when, how bad."""
     head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: ",
             "advise": "mitigation advice: "}[event]
-    parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a)}"]
+    parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a, hosts)}"]
     if a.stage:
         parts.append(f"in {a.stage}")
     if a.slowdown is not None:
         parts.append(f"({a.slowdown:.2f}x)")
+    if a.start_ns is not None:
+        parts.append(f"since {when(a.start_ns, zone(tz_name))}")
     parts.append(f"~{cost:.3g} GPU-h lost")
+    count = victims(a)[1]
+    if count:
+        parts[-1] += f", {count} ranks waiting"
     line = advice_text(advice, resolved=event == "resolve")
     return " ".join(parts) + (f"; {line}" if line else "")
 
@@ -69,6 +84,11 @@ class Notice:
     cost_gpu_hours: float
     dedup_key: str
     advice: dict[str, Any] | None = None  # the anomaly's current mitigation advice
+    world_size: int = 0  # the job's ranks (from its meta; 0: unknown)
+    hosts: dict[str, str] | None = None  # rank -> host of the ranks the page names
+    grafana_url: str = ""  # base URL for the dashboard links ("" : none)
+    timezone: str | None = None  # IANA zone of the local times (None: the machine's)
+    now_ns: int | None = None  # when the notice was decided (wall clock)
 
     @property
     def a(self) -> Anomaly:
@@ -77,7 +97,22 @@ class Notice:
     @property
     def text(self) -> str:
         return summary(self.job, self.a, self.event, self.severity, self.cost_gpu_hours,
-                       self.advice)
+                       self.advice, self.hosts, self.timezone)
+
+    @property
+    def page(self) -> Page:
+        a = self.a
+        return build_page(self.text, self.event, self.job, a, self.cost_gpu_hours,
+                          self.world_size or max(len(a.ranks), 1), self.hosts or {},
+                          self.advice, self.grafana_url, self.timezone, self.now_ns)
+
+    def brief_anomaly(self) -> dict[str, Any]:
+        """The anomaly without its long lists (victims, blocked rounds): counts instead."""
+        d = dict(self.anomaly)
+        if "victims" in d:
+            d["victims"] = (d.get("victims") or [])[:8]
+        d.pop("blocked_rounds", None)
+        return d
 
 
 _PD_SEVERITY = {"info": "info", "warning": "warning", "error": "error", "critical": "critical"}
@@ -90,12 +125,27 @@ def _labels(n: Notice, a: Anomaly) -> dict[str, str]:
               "kind": a.kind, "cause": a.cause, "severity": n.severity}
     if a.stage:
         labels["stage"] = a.stage
+    ranks = culprits(a)
+    if ranks:
+        labels["rank"] = ",".join(str(r) for r in ranks[:8])
+        hosts = sorted({(n.hosts or {})[str(r)] for r in ranks if str(r) in (n.hosts or {})})
+        if hosts:
+            labels["instance"] = ",".join(hosts)
     return labels
 
 
-def _details(n: Notice) -> dict[str, Any]:
-    return {"job": n.job, "anomaly": n.anomaly, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-            "severity": n.severity, "advice": n.advice}
+def _page_dict(p: Page) -> dict[str, Any]:
+    return {"title": p.title, "what": p.what, "where": p.where, "since": p.since,
+            "resolved": p.resolved, "impact": p.impact, "evidence": p.evidence,
+            "what_to_do": p.advice, "links": p.links}
+
+
+def _details(n: Notice, p: Page | None = None) -> dict[str, Any]:
+    p = p or n.page
+    return {**{k: v for k, v in _page_dict(p).items() if k != "title" and v},
+            "job": n.job, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
+            "severity": n.severity, "hosts": n.hosts or {}, "anomaly": n.brief_anomaly(),
+            "advice": n.advice}
 
 
 def pagerduty_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, Any]:
@@ -108,57 +158,98 @@ def pagerduty_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> 
         "dedup_key": n.dedup_key,
     }
     if n.event != "resolve":
+        p = n.page
         body["payload"] = {
             "summary": n.text[:1024], "source": n.job, "severity": _PD_SEVERITY[n.severity],
-            "timestamp": _iso(a.start_ns), "component": _who(a),
+            "timestamp": _iso(a.start_ns), "component": _who(a, n.hosts),
             "group": a.stage or a.comm_kind or "unknown", "class": f"{a.kind}/{a.cause}",
-            "custom_details": _details(n)}
+            "custom_details": _details(n, p)}
+        body["client"] = "failslow"
+        if p.links:
+            body["client_url"] = next(iter(p.links.values()))
+            body["links"] = [{"href": url, "text": name} for name, url in p.links.items()]
     return body
 
 
 def slack_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, Any]:
     """A Slack incoming webhook message: the summary and one attachment of fields."""
     a = n.a
-    advice_line = advice_text(n.advice, resolved=n.event == "resolve")
+    p = n.page
     color = _SLACK_COLOR["resolve" if n.event == "resolve" else n.severity]
     fields = [{"title": "job", "value": n.job, "short": True},
               {"title": "cause", "value": f"{a.kind}/{a.cause}", "short": True},
-              {"title": "where", "value": _who(a), "short": True},
-              {"title": "stage", "value": a.stage or "-", "short": True}]
+              {"title": "where", "value": p.where, "short": False},
+              {"title": "since", "value": p.since, "short": False}]
+    if p.resolved:
+        fields.append({"title": "resolved", "value": p.resolved, "short": False})
+    fields += [{"title": "impact", "value": p.impact, "short": False},
+               {"title": "evidence", "value": "\n".join(p.evidence) or "-", "short": False},
+               {"title": "what to do", "value": p.advice, "short": False}]
+    advice_line = advice_text(n.advice, resolved=n.event == "resolve")
     if advice_line:
         fields.append({"title": "mitigation", "value": advice_line, "short": False})
-    return {"text": n.text, "attachments": [{"color": color, "fields": fields,
-                                             "footer": f"failslow {n.dedup_key}"}]}
+    links = " | ".join(f"<{url}|{name}>" for name, url in p.links.items())
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{_slack_escape(p.title)}*"}},
+        {"type": "section", "fields": [
+            {"type": "mrkdwn", "text": f"*{k}*\n{_slack_escape(v)}"}
+            for k, v in (("where", p.where), ("since", p.resolved or p.since),
+                         ("impact", p.impact), ("advice", p.advice))]},
+        {"type": "context", "elements": [
+            {"type": "mrkdwn", "text": _slack_escape(e)} for e in p.evidence[:10]]
+         or [{"type": "mrkdwn", "text": "no signal lines"}]},
+    ]
+    if p.links:
+        blocks.append({"type": "actions", "elements": [
+            {"type": "button", "text": {"type": "plain_text", "text": name[:75]}, "url": url}
+            for name, url in list(p.links.items())[:5]]})
+    attachment = {"color": color, "fields": fields, "footer": f"failslow {n.dedup_key}"}
+    if links:
+        attachment["text"] = links
+    return {"text": n.text, "blocks": blocks, "attachments": [attachment]}
+
+
+def _slack_escape(text: str) -> str:
+    """Slack's three control characters (its "escaping text" rules)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def alertmanager_payload(n: Notice, receiver: Receiver,
                          env: Mapping[str, str]) -> dict[str, Any]:
     """The body Alertmanager posts to webhook receivers (version 4), one alert."""
     a = n.a
+    p = n.page
     labels = _labels(n, a)
-    advice_line = advice_text(n.advice, resolved=n.event == "resolve")
     resolved = n.event == "resolve"
     end = a.end_ns if resolved else None
-    annotations = {"summary": n.text, "description": json.dumps(_details(n), sort_keys=True)}
+    annotations = {"summary": n.text, "description": p.text(), "what_to_do": p.advice,
+                   "impact": p.impact, "since": p.since, "where": p.where,
+                   "evidence": "\n".join(p.evidence),
+                   "details": json.dumps(_details(n, p), sort_keys=True)}
+    advice_line = advice_text(n.advice, resolved=resolved)
     if advice_line:
         annotations["advice"] = advice_line
+    if p.links:
+        annotations["dashboard"] = next(iter(p.links.values()))
     alert = {"status": "resolved" if resolved else "firing", "labels": labels,
              "annotations": annotations,
              "startsAt": _iso(a.start_ns), "endsAt": _iso(end),
-             "generatorURL": "", "fingerprint": hashlib.sha256(
+             "generatorURL": annotations.get("dashboard", ""), "fingerprint": hashlib.sha256(
                  n.dedup_key.encode()).hexdigest()[:16]}
     return {"version": "4", "groupKey": f"{{}}:{{job={n.job!r}}}", "truncatedAlerts": 0,
             "status": alert["status"], "receiver": receiver.name,
             "groupLabels": {"job": n.job}, "commonLabels": labels,
-            "commonAnnotations": alert["annotations"], "externalURL": "",
+            "commonAnnotations": alert["annotations"], "externalURL": n.grafana_url,
             "alerts": [alert]}
 
 
 def generic_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, Any]:
     """failslow's own JSON (version 1): the notice as it is."""
+    p = n.page
     return {"version": 1, "event": n.event, "dedup_key": n.dedup_key, "job": n.job,
             "severity": n.severity, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
-            "summary": n.text, "anomaly": n.anomaly, "advice": n.advice}
+            "summary": n.text, "page": _page_dict(p), "text": p.text(),
+            "hosts": n.hosts or {}, "anomaly": n.brief_anomaly(), "advice": n.advice}
 
 
 Render = Callable[[Notice, Receiver, Mapping[str, str]], dict[str, Any]]

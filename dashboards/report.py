@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from matplotlib.dates import DateFormatter
 from matplotlib.figure import Figure  # Agg canvas, no pyplot state
 
+from failslow.dashboards.report_story import StoryParts, heat_caption, wall, who
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
 
@@ -167,8 +169,12 @@ def _png(fig: Figure) -> str:
 
 
 def _label(a: Anomaly) -> str:
-    who = f"link {a.link[0]}-{a.link[1]}" if a.link and len(a.link) == 2 else \
-        "ranks " + ",".join(str(r) for r in a.ranks[:4]) + ("…" if len(a.ranks) > 4 else "")
+    ranks = "ranks " + ",".join(str(r) for r in a.ranks[:4]) + ("…" if len(a.ranks) > 4 else "")
+    if a.link and len(a.link) == 2:
+        link = f"link {a.link[0]}-{a.link[1]}"
+        who = f"{ranks}, {link}" if set(a.ranks) - set(a.link) else link
+    else:
+        who = ranks
     return f"{a.kind}/{a.cause} {who}"
 
 
@@ -177,12 +183,16 @@ def iteration_figure(t_end: np.ndarray, dur: np.ndarray, anomalies: Sequence[Ano
     """Iteration time over time with anomaly bands; base64 PNG."""
     fig = Figure(figsize=(10, 3.8))
     ax = fig.subplots()
-    x = (t_end - t0) / 1e9
+
+    def at(ns: Any) -> Any:  # wall-clock (UTC) on the x axis
+        return np.asarray(ns, dtype=np.int64).astype("datetime64[ns]")
+
+    x = at(t_end)
     y = dur / 1e6
     ax.plot(x, y, lw=1, marker=".", ms=3, color="#333333", label="iteration time")
     if len(y):
         ax.axhline(float(np.median(y)), color="#888888", ls="--", lw=0.8, label="median")
-    x_max = float(x.max()) if len(x) else 1.0
+    x_max = x.max() if len(x) else at(t0)
     y_top = float(y.max()) * 1.15 if len(y) else 1.0
     # not anchored at 0: a 10 % slowdown must be visible
     y_bottom = float(y.min()) * 0.85 if len(y) else 0.0
@@ -190,22 +200,23 @@ def iteration_figure(t_end: np.ndarray, dur: np.ndarray, anomalies: Sequence[Ano
     for i, a in enumerate(anomalies):
         if a.start_ns is None:
             continue
-        lo = (a.start_ns - t0) / 1e9
-        hi = (a.end_ns - t0) / 1e9 if a.end_ns is not None else x_max
+        lo = at(a.start_ns)
+        hi = at(a.end_ns) if a.end_ns is not None else x_max
         color = _COLORS.get(a.cause, "#7f7f7f")
-        ax.axvspan(lo, max(hi, lo + 1e-3), color=color, alpha=0.18, lw=0)
+        ax.axvspan(lo, max(hi, lo + np.timedelta64(1, "ms")), color=color, alpha=0.18, lw=0)
         ax.text(lo, y_top - span * (0.03 + 0.07 * (i % 4)), " " + _label(a), color=color,
                 fontsize=8, va="top")
     for i, t in enumerate(truth):
         if t.start_ns is None:
             continue
-        lo = (t.start_ns - t0) / 1e9
-        hi = (t.end_ns - t0) / 1e9 if t.end_ns is not None else x_max
+        lo = at(t.start_ns)
+        hi = at(t.end_ns) if t.end_ns is not None else x_max
         level = y_bottom + span * (0.015 + 0.025 * (i % 3))
         ax.plot([lo, hi], [level, level], lw=4, color=_COLORS.get(t.cause, "#7f7f7f"),
                 solid_capstyle="butt", alpha=0.8)
     ax.set_ylim(y_bottom, y_top)
-    ax.set_xlabel("time since start (s)")
+    ax.xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))
+    ax.set_xlabel(f"time (UTC) on {wall(t0, date=True)[:10]}")
     ax.set_ylabel("iteration time (ms)")
     ax.set_title("Iteration time; shaded: diagnosed anomalies"
                  + ("; bars at the bottom: injected faults" if truth else ""))
@@ -248,6 +259,8 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .found{color:#1a7f37;font-weight:600}.missed{color:#cf222e;font-weight:600}
 .muted{color:#666}img{max-width:100%}
 .placeholder{border:1px dashed #bbb;padding:.2em 1em}
+.story{background:#f6f8fa;border-left:3px solid #0969da;padding:.3em .8em}
+tr.culprit td{background:#fff4e5;font-weight:600}
 """
 
 
@@ -256,7 +269,8 @@ def _e(value: Any) -> str:
 
 
 def _sec(ns: int | None, t0: int) -> str:
-    return "" if ns is None else f"{(ns - t0) / 1e9:.1f}"
+    """Wall-clock time (UTC) of ``ns``; ``t0`` is kept for the callers' signature."""
+    return wall(ns)
 
 
 def _num(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -265,8 +279,8 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
 
 def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
     head = ("<tr><th>id</th><th>kind</th><th>cause</th><th>ranks</th><th>link</th>"
-            "<th>comm kind</th><th>stage</th><th>start (s)</th><th>detected (s)</th>"
-            "<th>end (s)</th><th>slowdown</th><th>R</th><th>P</th></tr>")
+            "<th>comm kind</th><th>stage</th><th>start (UTC)</th><th>detected (UTC)</th>"
+            "<th>end (UTC)</th><th>slowdown</th><th>R</th><th>P</th></tr>")
     rows = []
     for a in anomalies:
         link = "" if not a.link else "–".join(str(r) for r in a.link)
@@ -285,7 +299,7 @@ def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
 
 
 def truth_rows(matches: Sequence[Match], extra: Sequence[Anomaly], t0: int) -> str:
-    head = ("<tr><th>injected</th><th>ranks / link</th><th>start (s)</th><th>end (s)</th>"
+    head = ("<tr><th>injected</th><th>ranks / link</th><th>start (UTC)</th><th>end (UTC)</th>"
             "<th>result</th><th>diagnosed as</th></tr>")
     rows = []
     for m in matches:
@@ -317,17 +331,36 @@ def critical_path_figure(path: Sequence[Any], t0: int) -> str:
                 color=color, edgecolor="none")
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
-    ax.set_xlabel("time since the iteration began (ms)")
+    ax.set_xlabel(f"ms after {wall(t0, date=True)}")
     ax.set_title("Critical path: compute (red) and communication after the last member "
                  "entered (blue)", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
 
-def _critical_html(path: Sequence[Any] | None, iteration: int | None, reason: str) -> str:
+def _by_rank_html(by_rank: Mapping[int, tuple[float, float]], n: int,
+                  mine: Sequence[int]) -> str:
+    """On-path compute per rank in the anomaly's iterations and before them."""
+    if not by_rank:
+        return ""
+    rows = "".join(
+        f'<tr{" class=culprit" if r in mine else ""}><td>rank {r}'
+        f'{" (diagnosed)" if r in mine else ""}</td><td class=num>{d:.1f}</td>'
+        f"<td class=num>{b:.1f}</td><td class=num>{d - b:+.1f}</td></tr>"
+        for r, (d, b) in list(by_rank.items())[:8])
+    return ('<table id="critical-window"><tr><th>on-path compute</th>'
+            f"<th>ms/iteration in the anomaly ({n} it.)</th><th>before</th><th>change</th>"
+            f"</tr>{rows}</table>")
+
+
+def _critical_html(path: Sequence[Any] | None, iteration: int | None, reason: str,
+                   note: str = "", by_rank: Mapping[int, tuple[float, float]] | None = None,
+                   window_iterations: int = 0, mine: Sequence[int] = ()) -> str:
+    note_html = f'<p class="story" id="critical-note">{_e(note)}</p>' if note else ""
     if not path:
         return ('<div id="critical-path" class="placeholder"><p class="muted">Not available: '
-                f"{_e(reason or 'no completed operations in the iteration')}.</p></div>")
+                f"{_e(reason or 'no completed operations in the iteration')}.</p>"
+                f"{note_html}</div>")
     from failslow.dashboards.critical_path import summarize
 
     t0 = path[0].t0
@@ -343,11 +376,14 @@ def _critical_html(path: Sequence[Any] | None, iteration: int | None, reason: st
                   f"<td class=num>{100 * v / max(total, 1):.0f}%</td></tr>"
                   for o, v in list(summ["communication_by_op_ns"].items())[:8])
     png = critical_path_figure(path, t0)
-    return f"""<div id="critical-path">
-<p>Iteration {_e(iteration)}: {total / 1e6:.1f} ms, {len(path)} segments. Walking back
+    on_path = sorted({s.rank for s in path})
+    return f"""<div id="critical-path">{note_html}
+{_by_rank_html(by_rank or {}, window_iterations, mine)}
+<p>Iteration {_e(iteration)} (from {_e(wall(t0, date=True))}): {total / 1e6:.1f} ms,
+{len(path)} segments, ranks on the path: {_e(", ".join(map(str, on_path)))}. Walking back
 from the last completion: each round waited for its last member to enter; before that, the
 member computed since its previous operation.</p>
-<img id="critical" alt="critical path of the slow iteration"
+<img id="critical" alt="critical path of iteration {_e(iteration)}: ranks {_e(on_path)}"
  src="data:image/png;base64,{png}">
 <table id="critical-kinds"><tr><th>on the path</th><th>ms</th><th>share</th></tr>{kinds}
 </table>
@@ -357,10 +393,12 @@ member computed since its previous operation.</p>
 </table></div>"""
 
 
-def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: str) -> str:
+def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: str,
+                 note: str = "", mine: Sequence[int] = ()) -> str:
+    note_html = f'<p class="story" id="whatif-note">{_e(note)}</p>' if note else ""
     if not whatif:
         return ('<div id="whatif" class="placeholder"><p class="muted">Not available: '
-                f"{_e(reason or 'the what-if analysis was not run')}.</p></div>")
+                f"{_e(reason or 'the what-if analysis was not run')}.</p>{note_html}</div>")
     rows = [("slowdown (actual / straggler-free)", f"{whatif['slowdown']:.3f}x")]
     for k, v in (whatif.get("by_op_type") or {}).items():
         rows.append((f"only {k} slow", f"{v:.3f}x"))
@@ -368,17 +406,23 @@ def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: 
         if whatif.get(k) is not None:
             rows.append((k, f"{whatif[k]:.3f}"))
     body = "".join(f"<tr><th>{_e(k)}</th><td class=num>{_e(v)}</td></tr>" for k, v in rows)
+    def diagnosed(w: Mapping[str, Any]) -> bool:
+        return bool(set(mine) & ({w.get("rank")} | set(w.get("ranks") or [])))
+
     workers = "".join(
-        f"<tr><td>{_e(w.get('rank', w.get('ranks', '')))}</td>"
+        f"<tr{' class=culprit' if diagnosed(w) else ''}>"
+        f"<td>{_e(w.get('rank', w.get('ranks', '')))}"
+        f"{' (diagnosed)' if diagnosed(w) else ''}</td>"
+        f"<td>{_e(', '.join(str(r) for r in w.get('ranks') or []))}</td>"
         f"<td class=num>{float(w.get('slowdown', 0)):.3f}</td></tr>"
         for w in (whatif.get("workers") or [])[:10])
     imgs = "".join(
         f'<img class="whatif-heatmap" alt="{_e(p.stem)}" '
         f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
         for p in images)
-    return (f'<div id="whatif"><table id="whatif-table">{body}</table>'
-            f'<table id="whatif-workers"><tr><th>worker</th><th>slowdown</th></tr>{workers}'
-            f"</table>{imgs}</div>")
+    return (f'<div id="whatif">{note_html}<table id="whatif-table">{body}</table>'
+            f'<table id="whatif-workers"><tr><th>worker</th><th>ranks</th><th>slowdown</th>'
+            f"</tr>{workers}</table>{imgs}</div>")
 
 
 def _advice_html(advice: Sequence[Mapping[str, Any]], t0: int, reason: str) -> str:
@@ -389,7 +433,7 @@ def _advice_html(advice: Sequence[Mapping[str, Any]], t0: int, reason: str) -> s
     if not advice:
         return ('<div id="advice" class="placeholder"><p class="muted">No advice: '
                 f'{_e(reason or "none was made")}.</p></div>')
-    head = ("<tr><th>at (s)</th><th>anomaly</th><th>strategy</th><th>action</th>"
+    head = ("<tr><th>at (UTC)</th><th>anomaly</th><th>strategy</th><th>action</th>"
             "<th>what</th><th>impact (s)</th><th>cost (s)</th><th>predicted (s)</th>"
             "<th>why</th></tr>")
     body = []
@@ -416,7 +460,7 @@ def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iteratio
                  critical_iteration: int | None = None, critical_reason: str = "",
                  whatif_images: Sequence[Path] = (), whatif_reason: str = "",
                  advice: Sequence[Mapping[str, Any]] = (), advice_reason: str = "",
-                 sections: bool = False) -> Path:
+                 sections: bool = False, story: StoryParts | None = None) -> Path:
     """Write the report of one job to ``path`` (one HTML file) and return its path.
 
     With ``sections=True`` (what ``failslow report`` asks for) the page also has the critical
@@ -424,25 +468,72 @@ def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iteratio
     :func:`failslow.dashboards.critical_path.critical_path`) and the what-if breakdown
     (``diagnosis.whatif`` and SMon heatmap PNGs) and the mitigation planner's ``advice``
     (Greyhound §5.1, ``Advice.to_dict()`` shape), each replaced by a note saying why when
-    its data is missing."""
+    its data is missing. ``story`` ties the sections to one diagnosed anomaly: its name is
+    in the title, the heatmap covers its window, a hang gets its halt section."""
+    from failslow.dashboards.report_hang import hang_html, stall_heatmap
+
+    story = story or StoryParts()
+    focus = story.anomaly
+    mine = (list(focus.ranks) or list(focus.link or [])) if focus else []
     t_end, dur = job_iterations(iterations)
     starts = [int(pc.min(iterations.column("t_start")).as_py())] if iterations.num_rows else []
     starts += [int(pc.min(rounds.column("t_first_enter")).as_py())] if rounds.num_rows else []
+    if story.hang_coll is not None and story.hang_coll.num_rows:
+        starts.append(int(pc.min(story.hang_coll.column("t")).as_py()))
     t0 = min(starts) if starts else meta.t
     anomalies = sorted(diagnosis.anomalies, key=lambda a: (a.start_ns or 0, a.id))
     truth_list = list(truth.anomalies) if truth is not None else []
-    iter_png = iteration_figure(t_end, dur, anomalies, t0, truth_list)
-    grid, who = wait_grid(meta, rounds, len(dur))
-    heat_png = heatmap_figure(grid, who)
-    median_ms = float(np.median(dur)) / 1e6 if len(dur) else float("nan")
+    hangs = [a for a in anomalies if a.kind == "hang"]
+    if len(dur):
+        iter_html = ('<img id="iterations" alt="iteration time over time with anomaly bands" '
+                     f'src="data:image/png;base64,'
+                     f'{iteration_figure(t_end, dur, anomalies, t0, truth_list)}">')
+    else:
+        iter_html = ('<p id="iterations" class="placeholder muted">No complete iteration was '
+                     "detected" + (": the job hung before one ended (see the timeline to the "
+                                   "halt below)" if hangs else "") + ".</p>")
+    if focus is not None and focus.kind == "hang":
+        heat_png = stall_heatmap(meta, story.hang_coll, mine)
+        heat_title = "Per-rank time without progress (hosts x GPUs)"
+        heat_text = ("Seconds between each rank's last completed operation and the end of "
+                     "the trace; the hung ranks are outlined and marked HUNG.")
+        heat_alt = f"hung {who(focus, meta)}"
+        heat_caption_text = (f'<p id="heatmap-caption" class="story">Hung: '
+                             f"{_e(who(focus, meta))}; every one of the {meta.world_size} "
+                             "ranks is shown.</p>")
+    else:
+        heat_rounds = story.heat_rounds if story.heat_rounds is not None else rounds
+        n_heat = story.heat_iterations or len(dur)
+        grid, who_ = wait_grid(meta, heat_rounds, n_heat)
+        heat_png = heatmap_figure(grid, who_)
+        heat_title = "Per-rank wait imposed on peers (DP x PP)"
+        heat_text = ("For every collective round (point-to-point transfers left out), the "
+                     "time between the first and the last member entering is charged to the "
+                     "last one; cells show ms per iteration, the largest over the ranks of "
+                     "the cell (rank shown). A slow rank lights its cell; the rest of its "
+                     "replica's row warms up because its pipeline is late at the DP "
+                     "all-reduce.")
+        scope = story.heat_scope or "over the whole trace"
+        heat_caption_text = heat_caption(grid, who_, mine, scope)
+        heat_alt = f"hottest cell rank {int(who_.flat[int(np.argmax(grid))])}" if grid.size \
+            else "empty"
+    median = (f"{float(np.median(dur)) / 1e6:.1f} ms" if len(dur)
+              else "no complete iteration")
     whatif = diagnosis.whatif or {}
     facts = [
         ("job", meta.job), ("ranks", meta.world_size),
         ("parallelism", f"tp{meta.tp} pp{meta.pp} dp{meta.dp} cp{meta.cp}"),
         ("schedule", f"{meta.schedule}, {meta.microbatches} micro-batches"),
-        ("iterations", len(dur)), ("median iteration", f"{median_ms:.1f} ms"),
+        ("trace starts", wall(t0, date=True)),
+        ("iterations", len(dur)), ("median iteration", median),
         ("rounds", rounds.num_rows), ("anomalies", len(anomalies)),
     ]
+    if focus is not None:
+        facts.insert(0, ("diagnosis", f"{focus.kind}/{focus.cause} at {who(focus, meta)}"
+                         + (f", stage {focus.stage}" if focus.stage else "")
+                         + (f", {focus.slowdown:.2f}x" if focus.slowdown else "")
+                         + f", from {wall(focus.start_ns, date=True)}"
+                         + (f" to {wall(focus.end_ns)}" if focus.end_ns else "")))
     if whatif.get("slowdown") is not None:
         facts.append(("what-if slowdown", f"{whatif['slowdown']:.2f}x"))
     facts_html = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
@@ -452,35 +543,40 @@ def write_report(path: str | Path, meta: JobMeta, diagnosis: Diagnosis, iteratio
         found = sum(m.found is not None for m in matches)
         truth_html = (f"<h2>Against the injected faults: {found} of {len(matches)} found"
                       f"</h2>{truth_rows(matches, extra, t0)}")
+    hang_section = ""
+    if hangs:
+        hang_section = (f"<h2>Hang: halt point, hung ranks, victims</h2>"
+                        f"{hang_html(hangs, meta, story.hang_coll)}")
     extra_html = ""
     if sections:
-        extra_html = (f"<h2>Critical path of a slow iteration</h2>"
-                      f"{_critical_html(critical_path, critical_iteration, critical_reason)}"
-                      f"<h2>What-if: the job without stragglers</h2>"
-                      f"{_whatif_html(diagnosis.whatif, whatif_images, whatif_reason)}"
+        critical = _critical_html(critical_path, critical_iteration, critical_reason,
+                                  story.critical_note, story.critical_by_rank,
+                                  story.critical_iterations, mine)
+        whatif_part = _whatif_html(diagnosis.whatif, whatif_images, whatif_reason,
+                                   story.whatif_note, mine)
+        extra_html = (f"<h2>Critical path of a slow iteration</h2>{critical}"
+                      f"<h2>What-if: the job without stragglers</h2>{whatif_part}"
                       f"<h2>Mitigation advice</h2>{_advice_html(advice, t0, advice_reason)}")
-    name = title or f"failslow report: {meta.job}"
+    name = title or (f"failslow report: {meta.job}: {focus.kind}/{focus.cause} at "
+                     f"{who(focus, meta)}" if focus is not None
+                     else f"failslow report: {meta.job}")
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(name)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{_e(name)}</h1>
 <table id="facts">{facts_html}</table>
 <h2>Iteration time</h2>
-<img id="iterations" alt="iteration time over time with anomaly bands"
- src="data:image/png;base64,{iter_png}">
-<h2>Per-rank wait imposed on peers (DP x PP)</h2>
-<p class="muted">For every collective round (point-to-point transfers left out), the time
-between the first and the last member entering is charged to the last one; cells show ms
-per iteration, the largest over the ranks of the cell (rank shown). A slow rank lights its
-cell; the rest of its replica's row warms up because its pipeline is late at the DP
-all-reduce.</p>
-<img id="heatmap" alt="DP x PP heatmap of the wait each rank imposes on its peers"
- src="data:image/png;base64,{heat_png}">
+{iter_html}
+{hang_section}
+<h2>{_e(heat_title)}</h2>
+<p class="muted">{_e(heat_text)}</p>
+<img id="heatmap" alt="{_e(heat_title)}: {_e(heat_alt)}" src="data:image/png;base64,{heat_png}">
+{heat_caption_text}
 <h2>Anomalies</h2>
 {anomaly_rows(anomalies, t0)}
 {truth_html}
 {extra_html}
-<p class="muted">Times in seconds since {t0} ns (Unix epoch).</p>
+<p class="muted">Times are wall-clock, UTC; the trace starts {_e(wall(t0, date=True))}.</p>
 </body></html>
 """
     out = Path(path)

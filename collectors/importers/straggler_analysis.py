@@ -102,6 +102,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise ContractError(f"cannot read ({e.strerror})", source=source) from None
+    except UnicodeDecodeError:
+        hint = " (it is a Parquet file: the trace goes to --trace)" if _is_parquet(path) else ""
+        raise ContractError(f"not a YAML text file{hint}", source=source) from None
     except yaml.YAMLError as e:
         raise ContractError(f"malformed YAML ({e})", source=source) from None
     if not isinstance(data, dict):
@@ -115,6 +118,25 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         if not isinstance(value, int) or value < 1:
             raise ContractError(f"invalid '{key}' (a positive integer)", source=source)
     return data
+
+
+def _is_parquet(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
+def check_arguments(trace: str | Path, meta: str | Path) -> None:
+    """One clear error for swapped or missing ``--trace``/``--meta`` files."""
+    for path, flag in ((trace, "--trace"), (meta, "--meta")):
+        if not Path(path).is_file():
+            raise ContractError(f"{flag}: no such file", source=str(path))
+    if _is_parquet(meta) and not _is_parquet(trace):
+        raise ContractError(f"--trace {trace} and --meta {meta} are swapped: --trace takes "
+                            "the Parquet trace (trace-*.parquet), --meta the YAML meta "
+                            "(meta-*.yaml)")
 
 
 def read_trace(path: str | Path) -> pa.Table:
@@ -378,6 +400,7 @@ def _check_rounds(comm: np.ndarray, seq: np.ndarray, op: np.ndarray, step: np.nd
 def import_files(trace: str | Path, meta: str | Path, job: str | None = None,
                  epoch_ns: int = DEFAULT_EPOCH_NS) -> ImportResult:
     """Read ``trace-*.parquet`` and ``meta-*.yaml`` and convert them."""
+    check_arguments(trace, meta)
     meta_data = read_meta(meta)
     table = read_trace(trace)
     if job is None:

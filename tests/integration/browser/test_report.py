@@ -99,8 +99,11 @@ def test_report_is_self_contained_with_images_and_anomaly_rows(tmp_path: Path) -
     rows = page.tables["anomalies"][1:]
     assert [r[0] for r in rows] == ["x9", "s1"]  # ordered by start
     assert rows[1][1:5] == ["slow", "compute", "6", ""] and rows[0][4] == "0–2"
-    # seconds since the first iteration's start (~93 ms before T0), slowdown
-    assert rows[1][7] == "1.3" and rows[1][10] == "1.25"
+    # wall-clock start (UTC, ms), slowdown
+    from datetime import UTC, datetime
+
+    start = datetime.fromtimestamp(diag.anomalies[0].start_ns / 1e9, UTC)
+    assert rows[1][7] == start.strftime("%H:%M:%S.%f")[:12] and rows[1][10] == "1.25"
     truth_rows = page.tables["truth"][1:]
     assert [r[4] for r in truth_rows] == ["found", "missed", "extra"]
     facts = dict((r[0], r[1]) for r in page.tables["facts"])
@@ -114,7 +117,9 @@ def test_report_without_anomalies_or_rows(tmp_path: Path) -> None:
     page = _Parsed()
     page.feed(path.read_text())
     assert page.tables["anomalies"][1] == ["no anomalies"]
-    assert "truth" not in page.tables and len(page.images) == 2
+    # no empty plot: the iteration figure is replaced by a note saying why
+    assert "truth" not in page.tables and set(page.images) == {"heatmap"}
+    assert "No complete iteration was detected" in path.read_text()
 
 
 def test_heatmap_places_the_straggler_by_its_dp_and_pp_coordinates() -> None:

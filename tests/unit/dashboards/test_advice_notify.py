@@ -82,7 +82,7 @@ def test_advice_in_every_shape_and_an_update_when_it_escalates(tmp_path: Path,
     am = [r.json["alerts"][0] for r in receiver.at("/am")]
     assert "advice" not in am[0]["annotations"]
     assert am[1]["annotations"]["advice"].startswith("advice S2 apply: re-balance")
-    assert json.loads(am[1]["annotations"]["description"])["advice"]["action"] == "apply"
+    assert json.loads(am[1]["annotations"]["details"])["advice"]["action"] == "apply"
     assert am[3]["status"] == "resolved"
 
 
