@@ -1,0 +1,107 @@
+"""Online and offline give the same diagnosis (issue 13, item 2).
+
+For every simulator preset (but ``large``, which has its own benchmark) and the imported
+ByteDance trial, ``failslow analyze`` (:func:`failslow.engine.offline.analyze`) and the stream
+path (the trace published as ``failslow replay`` publishes it: meta first, then 100 ms
+windows each with its watermark; :class:`StreamProcessor` with ``failslow process``'s
+defaults; the chDB store read back as ``failslow query anomalies`` reads it) must agree on
+every field of every anomaly, ``extra`` included (GPU evidence, R, P, victims, ...), and on
+the iteration summary.
+
+Not compared: ``whatif`` (the processor runs the what-if analysis only with ``--whatif``,
+over a sliding window of steps; offline it sees the whole trace) and post-mortem traces
+(Flight Recorder dumps: offline gives them one last tick past the hang ceiling, a stream
+finds their hangs as its wall clock runs on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import SHARED
+from failslow.comms import infer_comms
+from failslow.engine.offline import analyze
+from failslow.replay import replay
+from failslow.simulator import PRESETS
+from failslow.stream import clickhouse as ch
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
+from failslow.stream.transport import InProcessTransport
+from failslow.tracedir import DATA_KINDS, TraceDir
+
+#: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
+PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
+STRAGGLER = SHARED / "data" / "straggler-analysis"
+PARITY_PRESETS = sorted(p for p in PRESETS if p != "large")
+
+
+def _stream_diagnosis(trace: Path, store: Path) -> dict[str, Any]:
+    td = TraceDir(trace)
+    [meta] = list(td.metas().values())
+    tables = {k: td.read(k) for k in DATA_KINDS if k in td.kinds}
+    if not meta.comms:  # as failslow replay does
+        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
+    kinds = [k for k, t in tables.items() if t.num_rows]
+    bus = InProcessTransport()
+    bus.publish_meta(meta)
+    for now, batch in replay(tables, 100_000_000):
+        bus.publish_batch(meta.job, batch, watermark=now, kinds=kinds)
+    sink = ch.ClickHouseSink(ch.connect(store))
+    try:
+        StreamProcessor(bus, sink, ProcessorConfig(**PROCESS_DEFAULTS)).run()
+        return sink.diagnosis(meta.job).to_dict()
+    finally:
+        sink.close()
+
+
+def _compare(offline: dict[str, Any], online: dict[str, Any]) -> list[str]:
+    """Every difference, field by field (empty: the same diagnosis)."""
+    diffs = []
+    for key in sorted((set(offline) | set(online)) - {"anomalies", "whatif"}):
+        if offline.get(key) != online.get(key):
+            diffs.append(f"{key}: {offline.get(key)!r} != {online.get(key)!r}")
+    a = {x["id"]: x for x in offline["anomalies"]}
+    b = {x["id"]: x for x in online["anomalies"]}
+    if list(a) != list(b):
+        diffs.append(f"anomaly ids: {list(a)} != {list(b)}")
+    for i in a.keys() & b.keys():
+        for field in sorted(set(a[i]) | set(b[i])):
+            if a[i].get(field) != b[i].get(field):
+                diffs.append(f"{i}.{field}: {a[i].get(field)!r} != {b[i].get(field)!r}")
+    return diffs
+
+
+def _check(trace: Path, tmp_path: Path) -> dict[str, Any]:
+    offline = json.loads(analyze(trace).to_json())
+    online = _stream_diagnosis(trace, tmp_path / "store")
+    assert _compare(offline, online) == []
+    return offline
+
+
+@pytest.mark.parametrize("preset", PARITY_PRESETS)
+def test_every_preset_same_diagnosis_online_and_offline(preset: str, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    subprocess.run([sys.executable, "-m", "failslow", "simulate", "--preset", preset,
+                    "--out", str(trace)], check=True, capture_output=True, timeout=300)
+    truth = json.loads((trace / "truth.json").read_text())
+    diag = _check(trace, tmp_path)
+    # a comparison of two empty diagnoses would prove little: the faults are found
+    assert len(diag["anomalies"]) >= len([a for a in truth["anomalies"]
+                                          if a["kind"] in ("slow", "hang")]) > 0 \
+        or preset == "healthy"
+
+
+@pytest.mark.skipif(not STRAGGLER.exists(), reason="../shared/data is not present")
+def test_imported_bytedance_trial_same_diagnosis_online_and_offline(tmp_path: Path) -> None:
+    from failslow.collectors.importers import straggler_analysis as sa
+
+    trace = tmp_path / "trace"
+    sa.import_files(STRAGGLER / "trace-AR.parquet", STRAGGLER / "meta-AR.yaml").write(trace)
+    diag = _check(trace, tmp_path)
+    assert diag["iterations"] and diag["iterations"]["count"] > 0
