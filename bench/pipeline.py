@@ -214,6 +214,7 @@ def total_iterations(stats: dict[str, Any], rows_per_iteration: float) -> float:
 def _detector_profile(sim: Any, iterations: int) -> list[dict[str, Any]]:
     """Top functions (cumulative seconds) of JobAnalyzer over the job's first iterations."""
     from failslow.engine.analyzer import JobAnalyzer
+    from failslow.engine.runner import run
     from failslow.replay import replay
 
     tables = {k: t for k, t in sim.tables.items() if k in ("coll", "progress", "link", "span")}
@@ -222,9 +223,7 @@ def _detector_profile(sim: Any, iterations: int) -> list[dict[str, Any]]:
     analyzer = JobAnalyzer(sim.meta)
     profile = cProfile.Profile()
     profile.enable()
-    for now, batch in windows[:keep]:
-        analyzer.update(batch)
-        analyzer.on_tick(now)
+    run(analyzer, windows[:keep])
     profile.disable()
     stats = pstats.Stats(profile)
     rows = []

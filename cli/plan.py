@@ -184,6 +184,7 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     from failslow.comms import infer_comms
     from failslow.engine.analyzer import JobAnalyzer, JobConfig
     from failslow.engine.offline import _membership, replay_dir
+    from failslow.engine.runner import steps
     from failslow.mitigation.planner import PlannerConfig
     from failslow.tracedir import TraceDir
 
@@ -195,9 +196,8 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     config.cost_s.update(cost_s or {})
     analyzer = JobAnalyzer(meta, JobConfig(planner=config, planner_multiple_of=multiple_of))
     advice: list[Any] = []
-    for now, batch in replay_dir(td, DEFAULT_WINDOW_NS):
-        advice += analyzer.update(batch).advice
-        advice += analyzer.on_tick(now).advice
+    for step in steps(analyzer, replay_dir(td, DEFAULT_WINDOW_NS)):
+        advice += step.update.advice + step.tick.advice
     return meta, advice
 
 

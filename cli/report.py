@@ -88,9 +88,9 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     """Diagnose a trace directory the way ``failslow analyze`` does, keeping the derived
     rounds and iterations."""
     from failslow.comms import infer_comms
-    from failslow.detectors.hang import HangConfig
     from failslow.engine.analyzer import JobAnalyzer
     from failslow.engine.offline import KINDS, is_post_mortem
+    from failslow.engine.runner import steps
     from failslow.replay import DEFAULT_WINDOW_NS, replay
     from failslow.tracedir import TraceDir
 
@@ -102,14 +102,12 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     analyzer = JobAnalyzer(meta)
     rounds, iterations = [], []
     advice: list[dict[str, Any]] = []
-    now = None
-    for now, batch in replay(tables, DEFAULT_WINDOW_NS):
-        for out in (analyzer.update(batch), analyzer.on_tick(now)):
+    for step in steps(analyzer, replay(tables, DEFAULT_WINDOW_NS),
+                      post_mortem=is_post_mortem(path)):
+        for out in step.outputs:
             rounds.append(out.rounds)
             iterations.append(out.iterations)
-            advice.extend(a.to_dict() for a in getattr(out, "advice", None) or [])
-    if is_post_mortem(path) and now is not None:
-        analyzer.on_tick(now + HangConfig().ceiling_ns + 1_000_000_000)
+            advice.extend(a.to_dict() for a in out.advice)
     diagnosis = analyzer.diagnosis()
     data = JobData(meta, diagnosis, _concat(iterations, "iterations"), _concat(rounds, "rounds"))
     data.advice = advice

@@ -28,8 +28,9 @@ from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
 from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.engine.registry import KINDS
+from failslow.engine.runner import run, steps
 from failslow.events import JobMeta
-from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, coalesce, replay
+from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
 from failslow.whatif.analysis import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
 
@@ -75,13 +76,8 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
     analyzer = JobAnalyzer(meta, config)
     whatif_input = WhatIfInput(meta)
-    now = None
-    for now, batch in coalesce(replay_dir(td, window_ns), window_ns):
-        analyzer.update(batch)
-        analyzer.on_tick(now)
-        whatif_input.add(batch)
-    if post_mortem and now is not None:
-        analyzer.end_post_mortem(now)
+    for step in steps(analyzer, replay_dir(td, window_ns), window_ns, post_mortem=post_mortem):
+        whatif_input.add(step.batch)
     diag = analyzer.diagnosis()
     whatif_input.into(diag)
     return diag
@@ -317,11 +313,4 @@ def run_analyzer(meta: JobMeta, tables: Mapping[str, pa.Table],
     tables = {k: t for k, t in tables.items() if k in KINDS}
     if not meta.comms and "coll" in tables:
         meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
-    analyzer = JobAnalyzer(meta, config)
-    now = None
-    for now, batch in coalesce(replay(tables, window_ns), window_ns):
-        analyzer.update(batch)
-        analyzer.on_tick(now)
-    if post_mortem and now is not None:
-        analyzer.end_post_mortem(now)
-    return analyzer
+    return run(JobAnalyzer(meta, config), replay(tables, window_ns), window_ns, post_mortem)
