@@ -347,8 +347,45 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
             "floor_4096_ranks_met_store": store["ranks_realtime"] >= 4096,
             "phases": phases,
         })
+        figures.update(stage_figures(phases, figures))
     figures["detector_profile"] = _detector_profile(sim, min(3, done_iterations))
     return figures
+
+
+#: The stages of the pipeline today, the processor run that measures each, and whether one
+#: job's work in it can be spread over processes (issue 13 item 3).
+STAGES = (("store", "store", False), ("detect", "detect", False))
+
+
+def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """Issue 13's keys: per stage its CPU seconds per second of trace and the ranks one core
+    keeps up with; the cores a 16,384- and a 65,536-rank job need (None: a stage one job
+    cannot spread over processes and one core does not keep up with); the job-level stage's
+    input against the raw ``coll`` stream."""
+    trace_s = figures["iterations"] * figures["simulated_iteration_s"]
+    stages = []
+    for name, phase, shardable in STAGES:
+        ph = phases[phase]
+        cpu = ph["cpu_s_per_iteration"] * figures["iterations"]
+        per_trace_s = cpu / max(trace_s, 1e-9)
+        stages.append({"name": name, "shardable": shardable,
+                       "cpu_s_per_trace_s": round(per_trace_s, 3),
+                       "ranks_per_core": int(figures["ranks"] / max(per_trace_s, 1e-9))})
+
+    def cores(ranks: int) -> int | None:
+        total = 0
+        for st in stages:
+            need = -(-ranks // max(st["ranks_per_core"], 1))
+            if need > 1 and not st["shardable"]:
+                return None  # one process per job: more cores do not help
+            total += need
+        return total
+
+    return {"stages": stages, "cores_for_16384_ranks": cores(16384),
+            "cores_for_65536_ranks": cores(65536),
+            # the job-level stage (the detectors) reads the raw rows today
+            "job_stage_row_ratio": 1.0}
 
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -33,6 +33,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "failslow.cli.changepoints",
     "failslow.cli.schema",
     "failslow.cli.config",
+    "failslow.cli.doctor",
 )
 #: Benchmark name -> the module whose ``BENCHMARKS: dict[name, fn(args) -> dict]`` holds it.
 #: Only the module of the benchmark that runs is imported (``failslow --help`` imports none).
@@ -48,6 +49,7 @@ BENCHMARK_MODULES: dict[str, str] = {
     "accuracy-heldout": "failslow.bench.heldout_suite",
     "detectors-throughput": "failslow.bench.accuracy",
     "pipeline": "failslow.bench.pipeline",
+    "analyze-large": "failslow.bench.analyze_large",
     "changepoints": "failslow.bench.changepoints",
 }
 

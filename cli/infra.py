@@ -25,9 +25,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     status = kafka_up(args.port, controller_port=args.controller_port,
                       state_dir=args.state_dir, max_lifetime=args.max_lifetime,
-                      timeout=args.timeout, heap=args.heap)
+                      timeout=args.timeout, heap=args.heap, secure=args.secure)
     if args.json:
-        print(json.dumps(status.to_dict()))
+        print(json.dumps({**status.to_dict(), "client": status.client_settings()}))
+    elif args.secure:  # KEY=value lines a shell can export; the status on stderr
+        print(f"{status.describe()}\n  ready after {time.monotonic() - started:.1f} s",
+              file=sys.stderr)
+        for key, value in status.client_settings().items():
+            print(f"{key}={value}")
     else:
         print(f"{status.describe()}\n  ready after {time.monotonic() - started:.1f} s; "
               f"use FAILSLOW_KAFKA={status.bootstrap}")
@@ -78,6 +83,11 @@ def add_parser(subparsers: Any) -> None:
     up.add_argument("--timeout", type=float, default=120.0,
                     help="seconds to wait for the broker to answer (default %(default).0f)")
     up.add_argument("--heap", default=DEFAULT_HEAP, help="Java heap limit (default %(default)s)")
+    up.add_argument("--secure", action="store_true",
+                    help="listen with SASL_SSL on --port: SCRAM-SHA-256/512 credentials made "
+                         "when the storage is formatted, a CA and a server certificate made "
+                         "in STATE_DIR/tls; prints the client settings as KEY=value lines "
+                         "(the password by its file: FAILSLOW_KAFKA_SASL_PASSWORD_FILE)")
     up.add_argument("--json", action="store_true", help="print the status as JSON")
     up.set_defaults(func=_cmd_up)
 

@@ -12,6 +12,8 @@ import argparse
 import logging
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +41,62 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--state", type=Path, default=None,
                    help="state file (default: the config's state_file)")
     p.add_argument("--once", action="store_true",
-                   help="stop when nothing is left to read or send")
+                   help="deliver what the topics hold now, then exit (waits up to "
+                        "--once-timeout seconds for the partitions)")
+    p.add_argument("--once-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="with --once: longest wait for the consumer group's partitions "
+                        "(default %(default)s)")
     p.add_argument("--check", action="store_true",
                    help="validate the config and its environment variables, then exit")
     p.set_defaults(func=run)
+
+
+def _unconfigured(config: Any) -> list[str]:
+    """The variables that name the receivers' addresses and are unset, when no receiver
+    has one (compose's default: no webhook configured); [] otherwise."""
+    from failslow.settings import environment
+
+    env = environment()
+    missing = []
+    for r in config.receivers.values():
+        var = r.routing_key_env if r.type == "pagerduty" else r.url_env
+        if not var or env.get(var):
+            return []
+        missing.append(var)
+    return missing
+
+
+class _UntilDrained:
+    """A transport whose :meth:`poll` returns nothing only once the consumer has its
+    partitions and has read them to the end offsets (``--once``), or after ``timeout``
+    seconds without partitions."""
+
+    def __init__(self, transport: Any, timeout: float) -> None:
+        self.transport = transport
+        self.deadline = time.monotonic() + timeout
+
+    def poll(self, max_messages: int = 100, timeout: float = 0.0) -> list[Any]:
+        while True:
+            messages = self.transport.poll(max_messages, timeout=max(timeout, 0.2))
+            if messages:
+                return list(messages)
+            if self.transport.drained() or time.monotonic() > self.deadline:
+                return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+def _idle(stopping: threading.Event) -> int:
+    """Stay up without a receiver (no restart loop under ``restart: unless-stopped``)."""
+    def stop(*_: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping.wait(3600):
+        pass
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         config = notify.load_config(args.config)
         if args.state is not None:
             config = dataclasses.replace(config, state_file=args.state)
+        missing = [] if args.check or args.once else _unconfigured(config)
+        if missing:
+            log.warning("notify: no webhook configured (%s not set): staying idle, paging "
+                        "nobody", ", ".join(f"${v}" for v in missing))
+            return _idle(threading.Event())
         notifier = notify.Notifier(config)
     except (notify.ConfigError, OSError) as e:
         print(f"failslow notify: {e}", file=sys.stderr)
@@ -64,9 +123,24 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from failslow.stream.kafka import KafkaTransport
+    from failslow.stream.kafka_security import (
+        KafkaConnectError,
+        check_connection,
+        quiet_client_logs,
+    )
     from failslow.stream.sink import ADVICE_TOPIC
     from failslow.stream.transport import ANOMALIES_TOPIC, topic_for
 
+    quiet_client_logs()
+    if args.kafka is None:
+        from failslow.infra.kafka_broker import bootstrap_servers
+
+        args.kafka = bootstrap_servers()
+    try:
+        check_connection(args.kafka)
+    except KafkaConnectError as e:
+        print(f"failslow notify: {e}", file=sys.stderr)
+        return 1
     transport = KafkaTransport(args.kafka, group_id=args.group, topic_prefix=args.topic_prefix,
                                subscribe=(topic_for("meta"), ANOMALIES_TOPIC, ADVICE_TOPIC),
                                produce=False)
@@ -78,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    source: Any = _UntilDrained(transport, args.once_timeout) if args.once else transport
     try:
-        stats = notify.run(notifier, transport, until_idle=args.once,
+        stats = notify.run(notifier, source, until_idle=args.once,
                            should_stop=lambda: stopping)
     finally:
         notifier.save()

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from failslow.cli.simulate_live import add_arguments as add_live_arguments
+from failslow.cli.simulate_live import run_live
 from failslow.simulator.output import write_sim
 from failslow.simulator.scenario import PRESETS, ScenarioError, load_scenario, preset
 from failslow.simulator.sim import simulate
@@ -15,6 +17,11 @@ Simulate a hybrid-parallel training job (TP x PP x DP [x CP], 1F1B or GPipe) wit
 faults and write a trace directory: meta.json, coll/span/progress/link/gpu records, and
 truth.json (the injected faults in the diagnosis format). Without --preset or --scenario,
 simulates the 'default' preset: 64 ranks (tp2 pp4 dp8) with one compute straggler.
+
+With --live, streams a job in real time instead, with current timestamps and a new fault
+every few minutes, to Kafka (or with --embedded to a processor in this process):
+
+  failslow simulate --live --kafka 127.0.0.1:9094 --fault-every 3m
 """
 
 
@@ -36,10 +43,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary (out, ranks, rows per kind, truth) to stdout")
+    add_live_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.live:
+        return run_live(args)
     if args.list_presets:
         width = max(len(n) for n in PRESETS)
         for name in PRESETS:

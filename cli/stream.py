@@ -173,6 +173,25 @@ def _bootstrap(args: argparse.Namespace) -> str:
     return bootstrap_servers()
 
 
+def _kafka_or_exit(args: argparse.Namespace, command: str) -> str:
+    """The bootstrap servers, after checking within seconds that they answer with the
+    configured security (TLS, SASL); exits 1 with one line naming the address if not."""
+    from failslow.stream.kafka_security import (
+        KafkaConnectError,
+        check_connection,
+        quiet_client_logs,
+    )
+
+    quiet_client_logs()
+    bootstrap = _bootstrap(args)
+    try:
+        check_connection(bootstrap)
+    except KafkaConnectError as e:
+        print(f"failslow {command}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return bootstrap
+
+
 def _data_dir(args: argparse.Namespace) -> Path:
     from failslow.stream.clickhouse import default_data_dir
 
@@ -237,13 +256,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     metas, windows, rows, kinds = _windows(args.trace_dir, int(args.window_ms * 1e6),
                                            args.job)
-    transport = KafkaTransport(_bootstrap(args), subscribe=(),
+    bootstrap = _kafka_or_exit(args, "replay")
+    transport = KafkaTransport(bootstrap, subscribe=(),
                                topic_prefix=args.topic_prefix, partitions=args.partitions,
                                on_full="block", max_block_ms=60_000, linger_ms=20)
     started = time.monotonic()
     messages = 0
     try:
-        if not transport.wait_connected(60):
+        if not transport.wait_connected(30):
             print(f"failslow replay: Kafka at {transport.bootstrap_servers} is not reachable",
                   file=sys.stderr)
             return 1
@@ -310,9 +330,12 @@ def cmd_process(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
         return 2
+    from failslow.settings import redact_url
+
+    bootstrap = _kafka_or_exit(args, "process")
     data_dir = _data_dir(args)
     url = args.clickhouse or None
-    where = url or str(data_dir / "clickhouse")
+    where = redact_url(url) if url else str(data_dir / "clickhouse")
     store = Store(database=args.database, connect=lambda: connect(data_dir, url),
                   retry_after=1.0)
     stopping = {"now": False}
@@ -334,17 +357,25 @@ def cmd_process(args: argparse.Namespace) -> int:
     code = 0
     try:
         delay = 0.5
+        said = ""
         while not stopping["now"]:  # the store first: without it nothing can be committed
             try:
                 _ = store.client
                 break
             except SinkBackpressureError as e:
-                log.warning("waiting for the store (%s); retrying in %.1f s", e, delay)
+                from failslow.stream.clickhouse import describe_error
+
+                cause = e.__cause__ if e.__cause__ is not None else e
+                text = describe_error(cause, url)
+                # say it once; the retries that fail the same way only at debug level
+                log.log(logging.DEBUG if text == said else logging.WARNING,
+                        "waiting for the store: %s; retrying", text)
+                said = text
                 time.sleep(delay)
                 delay = min(delay * 2, args.max_backoff)
         if stopping["now"]:
             return 0
-        transport = KafkaTransport(_bootstrap(args), group_id=args.group,
+        transport = KafkaTransport(bootstrap, group_id=args.group,
                                    topic_prefix=args.topic_prefix, partitions=args.partitions,
                                    on_full="block", max_block_ms=30_000)
         processor = StreamProcessor(
@@ -396,13 +427,18 @@ def cmd_process(args: argparse.Namespace) -> int:
 
 
 def _sink(args: argparse.Namespace) -> Any:
-    from failslow.stream.clickhouse import ClickHouseSink, connect, is_transient
+    from failslow.stream.clickhouse import ClickHouseSink, connect, describe_error, is_transient
+    from failslow.stream.kafka_security import quiet_client_logs
 
+    quiet_client_logs()
     try:
         client = connect(_data_dir(args), args.clickhouse or None)
     except Exception as e:
+        if args.clickhouse and not isinstance(e, ValueError):
+            print(f"failslow query: {describe_error(e, args.clickhouse)}", file=sys.stderr)
+            raise SystemExit(1) from None
         if is_transient(e):
-            where = args.clickhouse or _data_dir(args) / "clickhouse"
+            where = _data_dir(args) / "clickhouse"
             raise SystemExit(f"failslow query: the store at {where} is not available ({e}); "
                              "an embedded store is locked while 'failslow process' runs on "
                              "it: stop it, or use a ClickHouse server (--clickhouse)") from e

@@ -283,6 +283,15 @@ PROCESSOR_TABLES: tuple[TableSpec, ...] = (
 
 #: Every stored table, in creation order.
 TABLES: tuple[TableSpec, ...] = EVENT_TABLES + OUTPUT_TABLES + PROCESSOR_TABLES
+#: Version of the stored tables' shape, carried in each table's comment. Raise it when
+#: :data:`TABLES` changes and say what changed in :data:`SCHEMA_CHANGES`: a processor adds
+#: the tables and columns an older store lacks and refuses a store whose columns differ
+#: (infra/clickhouse/MIGRATIONS.md says what to do then).
+SCHEMA_VERSION = 2
+SCHEMA_CHANGES: dict[int, str] = {
+    1: "the tables of the first releases (their comments carry no version)",
+    2: "the schema version in every table's comment",
+}
 SPECS: dict[str, TableSpec] = {t.name: t for t in TABLES}
 #: Arrow schemas of the tables failslow writes (not the raw events: failslow.events.SCHEMAS).
 SCHEMAS: dict[str, pa.Schema] = {t.name: t.schema for t in OUTPUT_TABLES + PROCESSOR_TABLES}

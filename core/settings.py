@@ -39,6 +39,60 @@ class KafkaSettings(BaseModel):
     group: str = "failslow-processor"
     #: partitions of the topics the processor creates
     partitions: int = 4
+    #: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512`` (with a ``SASL_*`` protocol)
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_username: str | None = None
+    #: from ``FAILSLOW_KAFKA_SASL_PASSWORD_FILE`` (a mounted secret) or the variable itself
+    sasl_password: SecretStr | None = None
+    #: PEM file of the CA(s) that signed the brokers' certificates (None: the system's)
+    ssl_cafile: Path | None = None
+    #: client certificate (PEM) and its key, when the brokers ask for one (mutual TLS)
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    #: check that a broker's certificate names the host connected to
+    ssl_check_hostname: bool = True
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    def client_config(self) -> dict[str, Any]:
+        """The kafka-python keyword arguments of the security settings (every client:
+        producer, consumer, admin). Raises ValueError naming the variable that is missing."""
+        out: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.uses_sasl:
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError(f"Kafka {self.security_protocol} needs "
+                                 "FAILSLOW_KAFKA_SASL_USERNAME and "
+                                 "FAILSLOW_KAFKA_SASL_PASSWORD_FILE (or the password variable)")
+            out.update(sasl_mechanism=self.sasl_mechanism,
+                       sasl_plain_username=self.sasl_username,
+                       sasl_plain_password=self.sasl_password.get_secret_value())
+        if self.uses_tls:
+            for var, path in (("FAILSLOW_KAFKA_SSL_CAFILE", self.ssl_cafile),
+                              ("FAILSLOW_KAFKA_SSL_CERTFILE", self.ssl_certfile),
+                              ("FAILSLOW_KAFKA_SSL_KEYFILE", self.ssl_keyfile)):
+                if path is not None and not Path(path).expanduser().is_file():
+                    raise ValueError(f"{var}: no such file {path}")
+            if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+                raise ValueError("a Kafka client certificate needs both "
+                                 "FAILSLOW_KAFKA_SSL_CERTFILE and FAILSLOW_KAFKA_SSL_KEYFILE")
+            out["ssl_check_hostname"] = self.ssl_check_hostname
+            if self.ssl_cafile is not None:
+                out["ssl_cafile"] = str(Path(self.ssl_cafile).expanduser())
+            if self.ssl_certfile is not None and self.ssl_keyfile is not None:
+                out["ssl_certfile"] = str(Path(self.ssl_certfile).expanduser())
+                out["ssl_keyfile"] = str(Path(self.ssl_keyfile).expanduser())
+                if self.ssl_key_password is not None:
+                    out["ssl_password"] = self.ssl_key_password.get_secret_value()
+        return out
 
 
 class ClickHouseSettings(BaseModel):
@@ -48,6 +102,10 @@ class ClickHouseSettings(BaseModel):
     database: str = "failslow"
     user: str | None = None
     password: SecretStr | None = None
+    #: PEM file of the CA that signed an ``https://`` server's certificate (None: the system's)
+    ca_file: Path | None = None
+    #: check an ``https://`` server's certificate (turn off only for a test server)
+    verify: bool = True
 
 
 class ProcessorSettings(BaseModel):
@@ -106,10 +164,21 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_TOPIC_PREFIX": ("kafka", "topic_prefix"),
     "FAILSLOW_GROUP": ("kafka", "group"),
     "FAILSLOW_PARTITIONS": ("kafka", "partitions"),
+    "FAILSLOW_KAFKA_SECURITY_PROTOCOL": ("kafka", "security_protocol"),
+    "FAILSLOW_KAFKA_SASL_MECHANISM": ("kafka", "sasl_mechanism"),
+    "FAILSLOW_KAFKA_SASL_USERNAME": ("kafka", "sasl_username"),
+    "FAILSLOW_KAFKA_SASL_PASSWORD": ("kafka", "sasl_password"),
+    "FAILSLOW_KAFKA_SSL_CAFILE": ("kafka", "ssl_cafile"),
+    "FAILSLOW_KAFKA_SSL_CERTFILE": ("kafka", "ssl_certfile"),
+    "FAILSLOW_KAFKA_SSL_KEYFILE": ("kafka", "ssl_keyfile"),
+    "FAILSLOW_KAFKA_SSL_KEY_PASSWORD": ("kafka", "ssl_key_password"),
+    "FAILSLOW_KAFKA_SSL_CHECK_HOSTNAME": ("kafka", "ssl_check_hostname"),
     "FAILSLOW_CLICKHOUSE": ("clickhouse", "url"),
     "FAILSLOW_DATABASE": ("clickhouse", "database"),
     "FAILSLOW_CLICKHOUSE_USER": ("clickhouse", "user"),
     "FAILSLOW_CLICKHOUSE_PASSWORD": ("clickhouse", "password"),
+    "FAILSLOW_CLICKHOUSE_CA": ("clickhouse", "ca_file"),
+    "FAILSLOW_CLICKHOUSE_VERIFY": ("clickhouse", "verify"),
     "FAILSLOW_DATA_DIR": ("processor", "data_dir"),
     "FAILSLOW_METRICS_PORT": ("processor", "metrics_port"),
     "FAILSLOW_EXIT_WHEN_IDLE": ("processor", "exit_when_idle"),
@@ -128,7 +197,8 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_LOG_FORMAT": ("", "log_format"),
 }
 #: Settings that are secrets: may come from ``<VARIABLE>_FILE``, never printed.
-SECRETS = ("FAILSLOW_CLICKHOUSE_PASSWORD", "FAILSLOW_WEBHOOK_SECRET", "GRAFANA_ADMIN_PASSWORD")
+SECRETS = ("FAILSLOW_CLICKHOUSE_PASSWORD", "FAILSLOW_WEBHOOK_SECRET", "GRAFANA_ADMIN_PASSWORD",
+           "FAILSLOW_KAFKA_SASL_PASSWORD", "FAILSLOW_KAFKA_SSL_KEY_PASSWORD")
 CONFIG_ENV = "FAILSLOW_CONFIG"
 
 
@@ -228,6 +298,8 @@ class Settings(BaseSettings):
                 return {k: plain(getattr(value, k)) for k in type(value).model_fields}
             if isinstance(value, Path):
                 return str(value)
+            if isinstance(value, str) and "://" in value:
+                return redact_url(value)
             return value
         return {k: plain(getattr(self, k)) for k in type(self).model_fields}
 
@@ -243,6 +315,20 @@ class Settings(BaseSettings):
                 var = var_of.get((section, name) if name else ("", section), "")
                 lines.append(f"{key:<28} {json.dumps(value):<32} {var}")
         return "\n".join(lines)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``********``
+    (``http://user:pw@host`` -> ``http://user:********@host``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:********@{host}{slash}{path}"
 
 
 #: the config file given on the command line (``failslow --config FILE``)

@@ -8,7 +8,8 @@ process per directory: close the client (``ClickHouseSink.close()`` or ``client.
 before opening another directory; a second process cannot open a directory in use (the
 processor then waits and retries, as for a server that is down).
 
-Tables (:func:`schema_sql` gives the DDL, :func:`write_schema` writes it;
+Tables (:func:`schema_sql` gives the DDL, :func:`write_schema` writes it, both in
+:mod:`failslow.stream.clickhouse_ddl` with the schema versions;
 infra/clickhouse/schema.sql is the committed copy):
 
 - the event kinds (``meta``, ``coll``, ``progress``, ``link``, ``gpu``, ``span``), the derived
@@ -49,10 +50,25 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from failslow import events, results
+from failslow import results
 from failslow.diagnosis import Anomaly, Diagnosis
-from failslow.results import SPECS, TABLES, TableSpec
+from failslow.results import SPECS
 from failslow.settings import environment, get_settings
+from failslow.stream.clickhouse_ddl import (  # the DDL and schema versions, re-exported
+    DEDUP_WINDOW,  # noqa: F401
+    DEFAULT_DATABASE,
+    SchemaError,  # noqa: F401
+    clickhouse_type,  # noqa: F401
+    codec_for,  # noqa: F401
+    create_distributed_table,  # noqa: F401
+    create_table,  # noqa: F401
+    ddl,  # noqa: F401
+    schema_sql,  # noqa: F401
+    stored_schema,  # noqa: F401
+    upgrade_schema,
+    versioned_comment,  # noqa: F401
+    write_schema,  # noqa: F401
+)
 from failslow.stream.sink import (
     Sink,
     SinkBackpressureError,
@@ -64,155 +80,12 @@ from failslow.stream.state import Cut, PartitionSnapshot, StateStore, pack_text,
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATABASE = "failslow"
-#: Blocks per table whose tokens ClickHouse remembers; a restarted processor re-writes at
-#: most the cuts since its partition's last snapshot, far fewer.
-DEDUP_WINDOW = 10_000
-
 T = TypeVar("T")
 
 #: The tables of the event contract's record kinds other than ``meta`` (raw collector rows).
 RAW_EVENT_TABLES = frozenset(t.name for t in results.EVENT_TABLES if t.name != "meta")
 #: Tables the processor's sink writes to.
 DATA_TABLES = tuple(t.name for t in results.EVENT_TABLES + results.OUTPUT_TABLES)
-
-_TIMES = frozenset({"t", "t_start", "t_end", "t_first_enter", "t_last_enter", "start_ns",
-                    "detected_ns", "end_ns", "reported_ns", "computed_ns", "updated_ns",
-                    "created_ns", "version"})
-_SEQUENCES = frozenset({"seq", "iteration", "step"})
-_SIZES = frozenset({"bytes", "send_count", "recv_count", "duration_max_ns", "duration_min_ns",
-                    "duration_ns", "members", "comm_size", "comm_rank", "rank", "gpu"})
-_TEXT = frozenset({"nodes", "comms", "extra", "result", "iterations", "ranges", "offsets",
-                   "state"})
-
-
-def codec_for(spec: TableSpec, f: pa.Field) -> str | None:
-    """The codec of column ``f`` of ``spec`` (None: ClickHouse's default, LZ4)."""
-    if f.name in spec.codecs:
-        return spec.codecs[f.name]
-    typ = f.type
-    if f.name in _TIMES and pa.types.is_integer(typ):
-        return "Delta, ZSTD(1)"
-    if f.name in _SEQUENCES and pa.types.is_integer(typ):
-        return "Delta, ZSTD(1)"
-    if f.name in _SIZES and pa.types.is_integer(typ):
-        return "T64, ZSTD(1)"
-    if f.name in _TEXT and pa.types.is_string(typ):
-        return "ZSTD(3)"
-    if pa.types.is_floating(typ):
-        return "ZSTD(1)"
-    return None
-
-
-_SCALARS: dict[pa.DataType, str] = {
-    pa.int8(): "Int8", pa.int16(): "Int16", pa.int32(): "Int32", pa.int64(): "Int64",
-    pa.uint8(): "UInt8", pa.uint16(): "UInt16", pa.uint32(): "UInt32", pa.uint64(): "UInt64",
-    pa.float32(): "Float32", pa.float64(): "Float64", pa.bool_(): "Bool",
-    pa.string(): "String",
-}
-
-
-def clickhouse_type(field: pa.Field, low_cardinality: bool = False) -> str:
-    """The ClickHouse type of an Arrow field."""
-    typ = field.type
-    if pa.types.is_list(typ):
-        inner = clickhouse_type(typ.value_field)
-        return f"Array({inner})"  # arrays cannot be Nullable; empty stands for none
-    if typ not in _SCALARS:
-        raise TypeError(f"no ClickHouse type for {field.name}: {typ}")
-    name = _SCALARS[typ]
-    if field.nullable:
-        name = f"Nullable({name})"
-    if low_cardinality and pa.types.is_string(typ):
-        name = f"LowCardinality({name})"
-    return name
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _check_name(kind: str, name: str) -> None:
-    if not name.replace("_", "").isalnum():
-        raise ValueError(f"{kind} name {name!r}: letters, digits and _ only")
-
-
-def create_table(spec: TableSpec, database: str, cluster: str | None = None) -> str:
-    """The CREATE TABLE statement of ``spec``: on one server, or (``cluster``) the
-    replicated local table ``<name>_local`` on every node of the cluster."""
-    width = max(len("ingested_at"), *(len(f.name) for f in spec.schema)) + 2
-    cols = []
-    for f in spec.schema:
-        codec = codec_for(spec, f)
-        typ = clickhouse_type(f, f.name in spec.low_cardinality)
-        cols.append(f"    {f'`{f.name}`':<{width}} {typ}"
-                    + (f" CODEC({codec})" if codec else ""))
-    if "t" in spec.schema.names:  # readable time for dashboards; not stored
-        cols.append(f"    {'`time`':<{width}} DateTime64(9) ALIAS fromUnixTimestamp64Nano(t)")
-    cols.append(f"    {'`ingested_at`':<{width}} DateTime DEFAULT now() CODEC(Delta, ZSTD(1))")
-    args = [spec.version] if spec.version else []
-    if cluster:
-        name, engine = f"{spec.name}_local", f"Replicated{spec.engine}"
-        args = ["'/clickhouse/tables/{shard}/{database}/{table}'", "'{replica}'", *args]
-        where, window = f" ON CLUSTER `{cluster}`", "replicated_deduplication_window"
-    else:
-        name, engine = spec.name, spec.engine
-        where, window = "", "non_replicated_deduplication_window"
-    text = (f"CREATE TABLE IF NOT EXISTS `{database}`.`{name}`{where}\n(\n"
-            + ",\n".join(cols) + f"\n)\nENGINE = {engine}"
-            + (f"({', '.join(args)})" if args else "") + "\n")
-    if spec.partition_time:
-        text += f"PARTITION BY toDate(fromUnixTimestamp64Nano({spec.partition_time}), 'UTC')\n"
-    text += f"ORDER BY ({', '.join(spec.order_by)})\n"
-    if spec.ttl_days:
-        text += f"TTL ingested_at + INTERVAL {spec.ttl_days} DAY\n"
-    settings = {window: DEDUP_WINDOW, **spec.settings}
-    text += "SETTINGS " + ", ".join(f"{k} = {v}" for k, v in settings.items()) + "\n"
-    return text + f"COMMENT {_quote(spec.comment)}"
-
-
-def create_distributed_table(spec: TableSpec, database: str, cluster: str) -> str:
-    """The Distributed table ``<name>`` over the local tables of :func:`create_table`."""
-    return (f"CREATE TABLE IF NOT EXISTS `{database}`.`{spec.name}` ON CLUSTER `{cluster}`\n"
-            f"AS `{database}`.`{spec.name}_local`\n"
-            f"ENGINE = Distributed({_quote(cluster)}, {_quote(database)}, "
-            f"{_quote(spec.name + '_local')}, cityHash64({spec.shard_key}))\n"
-            f"COMMENT {_quote(spec.comment)}")
-
-
-def ddl(database: str = DEFAULT_DATABASE, cluster: str | None = None) -> list[str]:
-    """The statements that create the database and every table of the output contract
-    (idempotent): for one server, or replicated and distributed on ``cluster``."""
-    _check_name("database", database)
-    if not cluster:
-        return [f"CREATE DATABASE IF NOT EXISTS `{database}`"] + [create_table(s, database)
-                                                                  for s in TABLES]
-    _check_name("cluster", cluster)
-    out = [f"CREATE DATABASE IF NOT EXISTS `{database}` ON CLUSTER `{cluster}`"]
-    for spec in TABLES:
-        out += [create_table(spec, database, cluster),
-                create_distributed_table(spec, database, cluster)]
-    return out
-
-
-def schema_sql(database: str = DEFAULT_DATABASE, cluster: str | None = None) -> str:
-    """:func:`ddl` as one SQL file."""
-    where = f", cluster {cluster}" if cluster else ""
-    head = (f"-- failslow ClickHouse schema (event contract v{events.VERSION}{where}).\n"
-            "-- Generated from failslow.results by `failslow schema FILE`;\n"
-            "-- do not edit by hand.\n\n")
-    return head + ";\n\n".join(ddl(database, cluster)) + ";\n"
-
-
-def write_schema(path: str | Path, cluster: str | None = None, *,
-                 database: str = DEFAULT_DATABASE) -> None:
-    """Write :func:`schema_sql` to ``path`` (the committed copy:
-    ``write_schema("infra/clickhouse/schema.sql")``); ``cluster``: the schema for a
-    ClickHouse cluster of that name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(schema_sql(database, cluster))
-
 
 # ---------------------------------------------------------------------------------------------
 # connecting
@@ -228,14 +101,61 @@ def default_data_dir() -> Path:
     return Path(base) / "failslow"
 
 
+def server_options(url: str) -> dict[str, Any]:
+    """The clickhouse-connect arguments of a server ``url`` with the settings: the user
+    and the password (``FAILSLOW_CLICKHOUSE_USER``, ``FAILSLOW_CLICKHOUSE_PASSWORD`` or its
+    ``_FILE``) unless the URL names them; for ``https://`` the CA file
+    (``FAILSLOW_CLICKHOUSE_CA``) and certificate checks (``FAILSLOW_CLICKHOUSE_VERIFY``).
+    Timeouts are short, so an unreachable server is reported within seconds."""
+    ch = get_settings().clickhouse
+    options: dict[str, Any] = {"dsn": url, "connect_timeout": 5, "send_receive_timeout": 60}
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    userinfo = netloc.rpartition("@")[0]
+    if ch.user and not userinfo:
+        options["username"] = ch.user
+    if ch.password is not None and ":" not in userinfo:
+        options["password"] = ch.password.get_secret_value()
+    if scheme.lower() == "https":
+        options["secure"] = True
+        options["verify"] = ch.verify
+        if ch.ca_file is not None:
+            ca = Path(ch.ca_file).expanduser()
+            if not ca.is_file():
+                raise ValueError(f"FAILSLOW_CLICKHOUSE_CA: no such file {ca}")
+            options["ca_cert"] = str(ca)
+    return options
+
+
+def describe_error(exc: BaseException, url: str | None) -> str:
+    """One line about a failed ClickHouse request: the address and what went wrong,
+    without the password."""
+    from failslow.settings import redact_url
+
+    where = f"ClickHouse at {redact_url(url)}" if url else "the embedded ClickHouse"
+    text = str(exc)
+    low = text.lower()
+    if "certificate" in low or "ssl" in low:
+        return f"{where}: TLS failed ({type(exc).__name__}); check FAILSLOW_CLICKHOUSE_CA"
+    if "authentication failed" in low or "code: 516" in low or "code: 192" in low:
+        return (f"{where}: authentication failed; check FAILSLOW_CLICKHOUSE_USER and "
+                "FAILSLOW_CLICKHOUSE_PASSWORD_FILE")
+    if "connection refused" in low or "max retries" in low or "timed out" in low \
+            or "name or service not known" in low or "failed to establish" in low:
+        return f"{where} is not reachable"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{where}: {type(exc).__name__}: {first[:200]}"
+
+
 def connect(data_dir: str | Path | None = None, url: str | None = None) -> Any:
     """A clickhouse-connect client: a server when ``url`` is given (e.g.
-    ``http://default:@127.0.0.1:8123``), else embedded chDB storing in ``DATA_DIR/clickhouse``
+    ``http://default:@127.0.0.1:8123``, user, password and TLS from the settings:
+    :func:`server_options`), else embedded chDB storing in ``DATA_DIR/clickhouse``
     (default :func:`default_data_dir`)."""
     import clickhouse_connect
 
     if url:
-        return clickhouse_connect.get_client(dsn=url)
+        return clickhouse_connect.get_client(**server_options(url))
     path = Path(data_dir) if data_dir is not None else default_data_dir()
     (path / "clickhouse").mkdir(parents=True, exist_ok=True)
     return clickhouse_connect.get_client(interface="chdb", path=str(path / "clickhouse"))
@@ -300,8 +220,8 @@ class Store:
         return self._client
 
     def create_schema(self) -> None:
-        for statement in ddl(self.database):
-            self._client.command(statement)
+        """Create the tables, or upgrade an older schema (:func:`upgrade_schema`)."""
+        upgrade_schema(self._client, self.database)
         self._created = True
 
     def run(self, fn: Callable[[Any], T]) -> T:

@@ -120,9 +120,15 @@ class KafkaTransport(Transport):
                  auto_offset_reset: str = "earliest", connect_timeout_ms: int = 10_000,
                  commit_flush_timeout: float = 30.0, produce: bool = True,
                  max_poll_interval_ms: int = 300_000, session_timeout_ms: int = 10_000,
-                 check_crcs: bool | None = None) -> None:
+                 check_crcs: bool | None = None,
+                 security: Mapping[str, Any] | None = None) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', not {on_full!r}")
+        from failslow.stream.kafka_security import client_security
+
+        #: kafka-python's security arguments of every client here (producer, consumer,
+        #: admin); default: the settings (``FAILSLOW_KAFKA_SECURITY_PROTOCOL``, ...)
+        self._security = dict(client_security() if security is None else security)
         if bootstrap_servers is None:
             from failslow.infra.kafka_broker import bootstrap_servers as default_servers
 
@@ -170,7 +176,7 @@ class KafkaTransport(Transport):
             "request_timeout_ms": min(30_000, delivery_timeout_ms),
             "retry_backoff_ms": 100, "reconnect_backoff_max_ms": 1000,
             "max_request_size": max(1024 * 1024, max_message_bytes + 64 * 1024),
-            "bootstrap_timeout_ms": connect_timeout_ms,
+            "bootstrap_timeout_ms": connect_timeout_ms, **self._security,
         }
         self._lock = threading.Condition()
         self._pending_bytes = 0
@@ -211,7 +217,8 @@ class KafkaTransport(Transport):
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
                                  client_id=f"{self._client_id}-admin",
                                  bootstrap_timeout_ms=self._connect_timeout_ms,
-                                 request_timeout_ms=self._connect_timeout_ms)
+                                 request_timeout_ms=self._connect_timeout_ms,
+                                 **self._security)
         try:
             existing = set(admin.list_topics())
             missing = [self.kafka_topic(t) for t in topics if self.kafka_topic(t) not in existing]
@@ -241,7 +248,24 @@ class KafkaTransport(Transport):
                 if all(t.get("error_code", 0) == 0 and t.get("partitions") and all(
                         p.get("leader_id", -1) >= 0 for p in t["partitions"])
                        for t in described):
-                    return
+                    break
+            except Exception as e:  # noqa: BLE001 - not ready yet
+                log.debug("waiting for topic leaders: %s", e)
+            time.sleep(0.1)
+        # a leader in the metadata may not have made its replica yet (KRaft applies the
+        # change asynchronously): ask every partition's leader for its end offset, which
+        # it answers only once it leads the partition
+        from kafka import TopicPartition
+        from kafka.admin import OffsetSpec
+
+        while time.monotonic() < deadline:
+            try:
+                parts = [TopicPartition(t["name"], p["partition_index"])
+                         for t in admin.describe_topics(names) for p in t["partitions"]]
+                admin.list_partition_offsets(
+                    dict.fromkeys(parts, OffsetSpec.LATEST),
+                    timeout_ms=max(100, int((deadline - time.monotonic()) * 1000)))
+                return
             except Exception as e:  # noqa: BLE001 - not ready yet
                 log.debug("waiting for topic leaders: %s", e)
             time.sleep(0.1)
@@ -435,7 +459,7 @@ class KafkaTransport(Transport):
                 # a topic whose metadata had not reached this client when the group was
                 # joined gets its partitions at the next refresh (and rebalance): seconds,
                 # not kafka-python's default five minutes (see also _refresh_missing)
-                **{"metadata_max_age_ms": 5000, **self._consumer_config})
+                **{"metadata_max_age_ms": 5000, **self._consumer_config, **self._security})
         except Exception as e:  # noqa: BLE001 - broker not there: poll returns nothing
             self._note_error(f"consumer: {e}")
             log.warning("kafka consumer cannot connect to %s: %s", self.bootstrap_servers, e)
@@ -624,6 +648,30 @@ class KafkaTransport(Transport):
         except Exception as e:  # noqa: BLE001 - metrics only
             log.debug("kafka lag unknown: %s", e)
             return None
+
+    def drained(self) -> bool:
+        """Whether the consumer has joined its group, holds partitions of every subscribed
+        topic and has read each of them up to its end offset (asked now): what a one-shot
+        reader (``notify --once``) waits for before it stops."""
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            assigned = list(consumer.assignment())
+            names = {self.kafka_topic(t) for t in self._subscribed}
+            if not assigned or {tp.topic for tp in assigned} != names:
+                return False
+            ends = consumer.end_offsets(assigned, timeout_ms=5000)
+            states = consumer._subscription.assignment  # local positions, no round trip
+            for tp in assigned:
+                position = getattr(states.get(tp), "position", None)
+                offset = getattr(position, "offset", position)
+                if offset is None or int(offset) < int(ends.get(tp, 0)):
+                    return False
+            return True
+        except Exception as e:  # noqa: BLE001 - not known yet: keep reading
+            log.debug("kafka end offsets unknown: %s", e)
+            return False
 
     def caught_up(self, partition: int) -> bool | None:
         """Whether the position of every assigned topic of ``partition`` has reached the

@@ -242,6 +242,11 @@ class Transport(ABC):
         as far as it knows (None: unknown)."""
         return None
 
+    def drained(self) -> bool:
+        """Whether the consumer holds its partitions and has read them to their ends now
+        (a one-shot reader stops then); a transport that polls synchronously always has."""
+        return True
+
     def stats(self) -> dict[str, Any]:
         """Producer and consumer counters (``sent``, ``dropped``, ``errors``, ...)."""
         return {}

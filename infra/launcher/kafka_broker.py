@@ -22,7 +22,6 @@ pid file in ``${FAILSLOW_STATE_DIR:-~/.cache/failslow}/kafka``.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -33,12 +32,22 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from failslow.infra.broker_config import (
+    DEFAULT_HOST,
+    LOG4J_PROPERTIES,
+    NODE_ID,  # noqa: F401 - re-exported
+    SCRAM_MECHANISM,
+    SCRAM_USER,
+    _cluster_id,
+    _secure_files,
+    _secure_setup,
+    server_properties,
+)
 from failslow.settings import environment, get_settings
 
 log = logging.getLogger(__name__)
@@ -57,11 +66,9 @@ ENV_BOOTSTRAP = "FAILSLOW_KAFKA"
 ENV_STATE_DIR = "FAILSLOW_STATE_DIR"
 ENV_LIBS = "FAILSLOW_KAFKA_LIBS"
 DEFAULT_PORT = 9092
-DEFAULT_HOST = "127.0.0.1"
 #: A broker started without ``--max-lifetime`` stops by itself after this many seconds.
 DEFAULT_MAX_LIFETIME = 12 * 3600
 DEFAULT_HEAP = "512m"
-NODE_ID = 1
 
 _REPO_POM = Path(__file__).resolve().parents[2] / "infra" / "kafka" / "pom.xml"
 _COMPLETE = ".complete"
@@ -85,10 +92,29 @@ class BrokerStatus:
     started_at: float | None = None  # Unix seconds
     stops_at: float | None = None  # Unix seconds; None: no lifetime limit
     ready: bool | None = None  # an API call answered (None: not probed)
+    #: ``port`` is a SASL_SSL listener (``infra up --secure``); the broker's own plain
+    #: listener on 127.0.0.1 is then ``internal_port``
+    secure: bool = False
+    internal_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{DEFAULT_HOST}:{self.port if self.port is not None else DEFAULT_PORT}"
+
+    def client_settings(self) -> dict[str, str]:
+        """The variables a client needs for this broker (``KEY=value`` lines of ``infra
+        up``): the password only by its file."""
+        out = {ENV_BOOTSTRAP: self.bootstrap}
+        if self.secure:
+            sec = _secure_files(Path(self.state_dir))
+            out.update({
+                "FAILSLOW_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "FAILSLOW_KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+                "FAILSLOW_KAFKA_SASL_USERNAME": SCRAM_USER,
+                "FAILSLOW_KAFKA_SASL_PASSWORD_FILE": str(sec["password"]),
+                "FAILSLOW_KAFKA_SSL_CAFILE": str(sec["ca"]),
+            })
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "bootstrap": self.bootstrap if self.running else None}
@@ -97,6 +123,8 @@ class BrokerStatus:
         if not self.running:
             return f"kafka: not running (state dir {self.state_dir})"
         text = f"kafka: running, pid {self.pid}, on {self.bootstrap}"
+        if self.secure:
+            text += " (SASL_SSL)"
         if self.ready is not None:
             text += " (answering)" if self.ready else " (not answering yet)"
         if self.stops_at is not None:
@@ -222,62 +250,6 @@ def fetch_kafka_jars(libs: Path | None = None, *, quiet: bool = True,
             shutil.rmtree(libs)
         out.rename(libs)
     return libs
-
-
-# ---------------------------------------------------------------------------------------------
-# configuration
-
-
-def server_properties(port: int, controller_port: int, data_dir: Path) -> str:
-    """server.properties of a combined broker+controller bound to 127.0.0.1."""
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": NODE_ID,
-        "controller.quorum.voters": f"{NODE_ID}@{DEFAULT_HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{DEFAULT_HOST}:{port},CONTROLLER://{DEFAULT_HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{DEFAULT_HOST}:{port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir),
-        "num.partitions": 1,
-        "auto.create.topics.enable": "true",
-        "offsets.topic.replication.factor": 1,
-        "offsets.topic.num.partitions": 10,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
-        "transaction.state.log.num.partitions": 4,
-        "group.initial.rebalance.delay.ms": 0,
-        "num.network.threads": 2,
-        "num.io.threads": 4,
-        "num.recovery.threads.per.data.dir": 1,
-        "message.max.bytes": 8 * 1024 * 1024,
-        "log.retention.hours": 24,
-        "log.segment.bytes": 64 * 1024 * 1024,
-        "log.retention.check.interval.ms": 60_000,
-    }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
-
-
-LOG4J_PROPERTIES = """\
-log4j.rootLogger=INFO, stdout
-log4j.appender.stdout=org.apache.log4j.ConsoleAppender
-log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
-log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka.request.logger=WARN
-log4j.logger.state.change.logger=WARN
-log4j.logger.org.apache.kafka.controller=WARN
-log4j.logger.kafka.log.LogCleaner=WARN
-"""
-
-
-def _cluster_id() -> str:
-    """A random cluster id in Kafka's format (URL-safe base64 of 16 bytes, no padding), not
-    starting with '-' (the storage tool would read it as an option)."""
-    while True:
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not cid.startswith("-"):
-            return cid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,17 +387,20 @@ def kafka_status(state_dir: str | Path | None = None, *, check: bool = False,
     if not running:
         return BrokerStatus(False, str(sd), str(f["log"]))
     port = int(state["port"])
-    ready = probe(f"{DEFAULT_HOST}:{port}", timeout) if check else None
+    internal = state.get("internal_port")
+    ready = probe(f"{DEFAULT_HOST}:{internal or port}", timeout) if check else None
     return BrokerStatus(True, str(sd), str(f["log"]), pid=pid, port=port,
                         controller_port=state.get("controller_port"),
                         started_at=state.get("started_at"), stops_at=state.get("stops_at"),
-                        ready=ready)
+                        ready=ready, secure=bool(state.get("secure")),
+                        internal_port=internal)
 
 
 def kafka_up(port: int | None = None, *, controller_port: int | None = None,
              state_dir: str | Path | None = None,
              max_lifetime: float | None = DEFAULT_MAX_LIFETIME, timeout: float = 120.0,
-             heap: str = DEFAULT_HEAP, java: str | None = None) -> BrokerStatus:
+             heap: str = DEFAULT_HEAP, java: str | None = None,
+             secure: bool = False) -> BrokerStatus:
     """Start the broker of ``state_dir`` in the background and wait until it answers.
 
     ``port`` 0 picks a free port (``None``: the port of ``$FAILSLOW_KAFKA`` if it names this
@@ -433,11 +408,20 @@ def kafka_up(port: int | None = None, *, controller_port: int | None = None,
     itself after ``max_lifetime`` seconds (``None`` or 0: never). Idempotent: a running broker
     on the requested port is left as it is. Raises :class:`InfraError` with the tail of the
     broker's log if it does not answer within ``timeout`` seconds.
+
+    ``secure``: ``port`` is a SASL_SSL listener (SCRAM-SHA-256/512 credentials of user
+    :data:`SCRAM_USER` created when the storage is formatted, a CA and a server certificate
+    made on the spot in ``STATE_DIR/tls``); the broker talks to itself on a plain listener
+    on another port of 127.0.0.1. :meth:`BrokerStatus.client_settings` says how to connect.
     """
     sd = kafka_state_dir(state_dir)
     f = _files(sd)
     current = kafka_status(sd)
     if current.running:
+        if current.secure != secure:
+            raise InfraError(f"a {'secure' if current.secure else 'plain'} broker of {sd} "
+                             f"already runs on port {current.port}; stop it first "
+                             "(failslow infra down)")
         if port in (None, 0, current.port):
             return kafka_status(sd, check=True)
         raise InfraError(f"a broker of {sd} already runs on port {current.port}; "
@@ -456,11 +440,25 @@ def kafka_up(port: int | None = None, *, controller_port: int | None = None,
     java = java or _java()
     libs = fetch_kafka_jars()
     sd.mkdir(parents=True, exist_ok=True)
-    f["props"].write_text(server_properties(port, controller_port, f["data"]))
+    internal_port = None
+    scram: str | None = None
+    if secure:
+        sec = _secure_setup(sd)
+        internal_port = _free_port()
+        while internal_port in (port, controller_port):
+            internal_port = _free_port()
+        fd = os.open(f["props"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            scram = sec["password"].read_text().strip()
+            out.write(server_properties(internal_port, controller_port, f["data"],
+                                        secure_port=port, keystore=sec["keystore"],
+                                        truststore=sec["ca"], plain_password=scram))
+    else:
+        f["props"].write_text(server_properties(port, controller_port, f["data"]))
     f["log4j"].write_text(LOG4J_PROPERTIES)
     base = [java, "-cp", str(libs / "*"), f"-Dlog4j.configuration=file:{f['log4j']}",
             "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true"]
-    _format_storage(base, f)
+    _format_storage(base, f, scram)
 
     cmd = [*base[:1], f"-Xmx{heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
            f"-Dkafka.logs.dir={sd}", *base[1:], "kafka.Kafka", str(f["props"])]
@@ -485,16 +483,18 @@ def kafka_up(port: int | None = None, *, controller_port: int | None = None,
     f["pid"].write_text(f"{proc.pid}\n")
     f["state"].write_text(json.dumps({
         "pid": proc.pid, "port": port, "controller_port": controller_port,
-        "started_at": started, "stops_at": stops_at, "version": KAFKA_VERSION}) + "\n")
+        "started_at": started, "stops_at": stops_at, "version": KAFKA_VERSION,
+        "secure": secure, "internal_port": internal_port}) + "\n")
 
     deadline = time.monotonic() + timeout
-    bootstrap = f"{DEFAULT_HOST}:{port}"
+    bootstrap = f"{DEFAULT_HOST}:{internal_port or port}"
     while True:
         if proc.poll() is not None:
             _CHILDREN.pop(proc.pid, None)
             raise InfraError(f"the Kafka broker exited with status {proc.returncode} before it "
                              f"was ready; last lines of {f['log']}:\n{log_tail(f['log'])}")
-        if _tcp_open(port) and probe(bootstrap, timeout=5.0):
+        if _tcp_open(port) and _tcp_open(internal_port or port) \
+                and probe(bootstrap, timeout=5.0):
             break
         if time.monotonic() > deadline:
             _stop(proc.pid, str(f["props"]), 15.0)
@@ -516,23 +516,36 @@ def _java() -> str:
     return found
 
 
-def _format_storage(base: list[str], f: dict[str, Path]) -> None:
-    """Format the KRaft log directory once (``kafka.tools.StorageTool format``)."""
+def _format_storage(base: list[str], f: dict[str, Path], scram: str | None = None) -> None:
+    """Format the KRaft log directory once (``kafka.tools.StorageTool format``); with
+    ``scram`` (a password) also create the SCRAM credentials of :data:`SCRAM_USER`."""
+    marker = f["data"] / ".scram"
     if (f["data"] / "meta.properties").exists():
+        if scram is not None and not marker.exists():
+            raise InfraError(f"{f['data']} was formatted without SCRAM credentials; start "
+                             "the secure broker with another --state-dir")
         return
     cluster = f["cluster"].read_text().strip() if f["cluster"].exists() else ""
     cluster = cluster if cluster and not cluster.startswith("-") else _cluster_id()
     f["cluster"].write_text(cluster + "\n")
     cmd = [*base, "-Xmx256m", "kafka.tools.StorageTool", "format", f"--cluster-id={cluster}",
            f"--config={f['props']}"]
+    if scram is not None:  # the tool reads the credentials from its command line
+        cmd += [arg for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                for arg in ("--add-scram", f"{mech}=[name={SCRAM_USER},password={scram}]")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise InfraError("formatting the Kafka storage did not finish within 120 s") from None
     if proc.returncode != 0:
+        text = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+        if scram is not None:
+            text = text.replace(scram, "********")
         raise InfraError(f"formatting the Kafka storage failed (exit {proc.returncode}):\n"
-                         + "\n".join((proc.stdout + proc.stderr).splitlines()[-20:]))
+                         + text)
+    if scram is not None:
+        marker.write_text(f"{SCRAM_USER}\n")
 
 
 def _stop(pid: int, marker: str, timeout: float) -> None:

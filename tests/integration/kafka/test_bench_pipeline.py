@@ -56,3 +56,23 @@ def test_headline_is_the_more_expensive_of_steady_and_overall() -> None:
     phase = _phase(stats, 2_000_000, 10, 4096, raw_rate=20e6)
     assert phase["steady_cpu_s_per_iteration"] > phase["cpu_s_per_iteration"]
     assert phase["ranks_realtime"] == phase["ranks_realtime_steady"] < 4096 / 0.4 * 1.01
+
+
+def test_stage_figures_keys_and_cores() -> None:
+    """Issue 13's keys from the store and detect runs: CPU per trace second, ranks per core,
+    and no core count for a job a stage cannot spread over processes."""
+    from failslow.bench.pipeline import stage_figures
+
+    figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
+    phases = {"store": {"cpu_s_per_iteration": 0.1}, "detect": {"cpu_s_per_iteration": 1.0}}
+    out = stage_figures(phases, figures)
+    stages = {s["name"]: s for s in out["stages"]}
+    assert stages["store"]["cpu_s_per_trace_s"] == pytest.approx(0.2)
+    assert stages["store"]["ranks_per_core"] == 4096 * 5
+    assert stages["detect"]["cpu_s_per_trace_s"] == pytest.approx(2.0)
+    assert stages["detect"]["ranks_per_core"] == 2048
+    # detection of one job runs in one process: 16,384 ranks need 8 cores of it
+    assert out["cores_for_16384_ranks"] is None and out["cores_for_65536_ranks"] is None
+    assert out["job_stage_row_ratio"] == 1.0
+    cheap = {"store": {"cpu_s_per_iteration": 0.01}, "detect": {"cpu_s_per_iteration": 0.05}}
+    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 2

@@ -49,7 +49,8 @@ def test_every_service_and_ports_on_loopback_only() -> None:
     doc = _compose()
     services = doc["services"]
     assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "archiver",
-                             "notifier", "agent", "prometheus"}
+                             "notifier", "agent", "prometheus",
+                             "demo", "demo-notifier", "webhook-receiver"}  # profile demo
     published = []
     for name, s in services.items():
         for port in s.get("ports", []):
