@@ -249,6 +249,7 @@ def _by_job(batch: dict[str, pa.Table], jobs: list[str]
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from failslow.engine.offline import is_post_mortem
     from failslow.stream.kafka import KafkaTransport
 
     if args.speed <= 0:
@@ -283,6 +284,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     time.sleep(delay)
             for job, part in _by_job(batch, jobs):  # each kind says: complete up to now
                 messages += transport.publish_batch(job, part, watermark=now, kinds=kinds)
+        if t0 is not None and is_post_mortem(args.trace_dir):
+            # a snapshot taken after the job stopped: what is in flight never completes
+            for job in jobs:
+                messages += transport.publish_batch(job, {}, watermark=now, kinds=kinds,
+                                                    end="post-mortem")
         flushed = transport.flush(120)
         stats = transport.stats()
     finally:

@@ -68,6 +68,9 @@ class JobState:
     origin: int | None = None
     # sparse windows merged before analysis, as offline (failslow.replay.Coalescer)
     merger: Coalescer = field(default_factory=Coalescer)
+    # a replayed post-mortem trace ends at this event time (None: not announced)
+    post_mortem: int | None = None
+    ended: bool = False  # its post-mortem end was analysed: no more ticks
 
 
 class Jobs:
@@ -115,12 +118,16 @@ class Jobs:
 
     # ----------------------------------------------------------------------------- input
 
-    def add(self, job: str, kind: str, table: pa.Table, watermark: int | None = None) -> None:
+    def add(self, job: str, kind: str, table: pa.Table, watermark: int | None = None,
+            post_mortem: bool = False) -> None:
         """Hold ``table`` for the job; ``watermark``: the producer says every row of this
-        kind up to that time was published (header ``failslow-watermark``)."""
+        kind up to that time was published (header ``failslow-watermark``);
+        ``post_mortem``: and the trace, a post-mortem snapshot, ends there."""
         if not self.config.detect:
             return
         st = self.states[job]
+        if post_mortem and watermark is not None:
+            st.post_mortem = max(st.post_mortem or watermark, watermark)
         st.kind_seen[kind] = time.monotonic_ns()
         if not st.first_data:
             st.first_data = st.kind_seen[kind]
@@ -182,6 +189,8 @@ class Jobs:
             st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)
             if released:
                 self._update(job, released, horizon)
+            if st.post_mortem is not None and not st.held_rows and not st.ended:
+                self._end_post_mortem(job, st)
 
     # ----------------------------------------------------------------------------- analysis
 
@@ -212,6 +221,18 @@ class Jobs:
     def _analyse(self, job: str, state: JobState, now: int, batch: EventBatch) -> None:
         self._update_window(job, state, batch)
         self.tick(job, state, now, windowed=True)
+
+    def _end_post_mortem(self, job: str, state: JobState) -> None:
+        """The trace was a post-mortem snapshot and all of it was analysed: one last tick
+        past the hang ceiling, as ``failslow analyze`` gives such a trace
+        (:meth:`~failslow.engine.analyzer.JobAnalyzer.end_post_mortem`); the job's time
+        stops there."""
+        assert state.post_mortem is not None
+        self.flush(job, state)
+        end = getattr(state.analyzer, "end_post_mortem", None)
+        state.ended = True
+        if callable(end):
+            self._collect(job, state, end(max(state.post_mortem, state.watermark)))
 
     def flush(self, job: str, state: JobState) -> None:
         """Analyse the job's merged windows now (the input is drained, or time went on)."""
@@ -313,7 +334,7 @@ class Jobs:
     def tick(self, job: str, state: JobState, now: int, windowed: bool = False) -> None:
         """``on_tick(now)`` unless the job's time did not move on (enough). ``windowed``:
         the end of an event-time window (only with the event and wall clocks)."""
-        if windowed and self.config.clock not in ("event", "wall"):
+        if state.ended or (windowed and self.config.clock not in ("event", "wall")):
             return
         if now <= state.last_tick or (state.last_tick != events.NULL_TIME
                                       and now - state.last_tick < self.config.tick_interval_ns):
@@ -390,6 +411,7 @@ class Jobs:
         return {"meta": st.meta.to_row(), "partition": st.partition,
                 "watermark": st.watermark, "last_tick": st.last_tick,
                 "held": held, "kind_wm": dict(st.kind_wm), "origin": st.origin,
+                "post_mortem": st.post_mortem, "ended": st.ended,
                 "merged": {"tables": _encoded(merger.pending), "first": merger.first,
                            "now": merger.now},
                 "version": st.version, "diag_version": st.diag_version,
@@ -423,6 +445,8 @@ class Jobs:
             kind_wm={str(k): int(v) for k, v in d.get("kind_wm", {}).items()},
             kind_seen={str(k): now for k in d.get("kind_wm", {})},
             origin=None if d.get("origin") is None else int(d["origin"]),
+            post_mortem=None if d.get("post_mortem") is None else int(d["post_mortem"]),
+            ended=bool(d.get("ended", False)),
             merger=self._merger())
         st.held = _decoded(d.get("held", {}))
         st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)

@@ -92,7 +92,7 @@ from failslow.stream.transport import (
     Transport,
     decode,
 )
-from failslow.stream.windows import watermark
+from failslow.stream.windows import post_mortem_end, watermark
 
 __all__ = ["ProcessorConfig", "ProcessorStats", "SinkError", "Stopped", "StreamProcessor",
            "default_analyzer", "default_whatif"]
@@ -536,7 +536,8 @@ class StreamProcessor:
         if kind == "meta":
             self._on_meta(message, table, part)
         elif message.key in self._jobs:
-            self._jobs.add(message.key, kind, table, watermark(message))
+            self._jobs.add(message.key, kind, table, watermark(message),
+                           post_mortem_end(message))
         else:
             self._hold_pending(part, message.key, message, kind, table)
 
@@ -587,7 +588,8 @@ class StreamProcessor:
                 self.stats.pending_messages -= len(pending)
                 part.pending_bytes -= sum(len(p.message.value) for p in pending)
                 for item in pending:
-                    self._jobs.add(meta.job, item.kind, item.table, watermark(item.message))
+                    self._jobs.add(meta.job, item.kind, item.table, watermark(item.message),
+                                   post_mortem_end(item.message))
 
     # ----------------------------------------------------------------------------- output
 

@@ -46,6 +46,9 @@ H_SOURCE_PARTITION = "failslow-source-partition"
 #: Optional on event messages: every row of this kind of this job with a time up to this
 #: value (ns) has been published, so a consumer need not wait for more of it.
 H_WATERMARK = "failslow-watermark"
+#: ``post-mortem`` on the last messages of a replayed post-mortem trace (Flight Recorder
+#: dumps): nothing will follow, and what is in flight at the watermark never completed.
+H_END = "failslow-end"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON = "application/json"
 
@@ -266,14 +269,18 @@ class Transport(ABC):
                             events.from_rows("meta", [meta.to_row()]))
 
     def publish_batch(self, job: str, batch: Mapping[str, pa.Table],
-                      watermark: int | None = None, kinds: Iterable[str] = ()) -> int:
+                      watermark: int | None = None, kinds: Iterable[str] = (),
+                      end: str | None = None) -> int:
         """Publish one message per non-empty kind of ``batch``; returns how many. With
         ``watermark`` (ns), each carries the ``failslow-watermark`` header, and each of
         ``kinds`` without rows in ``batch`` gets an empty message with it (the kind has
-        nothing up to that time), so a consumer does not wait for it."""
+        nothing up to that time), so a consumer does not wait for it. ``end``
+        (``"post-mortem"``, with a watermark): the trace ends there (header ``failslow-end``)."""
         n = 0
         also = set(kinds)
         headers = {H_WATERMARK: str(int(watermark))} if watermark is not None else None
+        if headers is not None and end is not None:
+            headers[H_END] = end
         for kind in events.KINDS:
             table = batch.get(kind)
             if table is not None and table.num_rows:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from failslow.detectors.base import EventBatch
 from failslow.replay import TIME_COLUMN
-from failslow.stream.transport import H_WATERMARK, Message
+from failslow.stream.transport import H_END, H_WATERMARK, Message
 
 
 def split_at(table: pa.Table, column: str, horizon: int) -> tuple[pa.Table, pa.Table]:
@@ -36,6 +36,11 @@ def watermark(message: Message) -> int | None:
         return int(value) if value else None
     except ValueError:
         return None
+
+
+def post_mortem_end(message: Message) -> bool:
+    """The message ends a replayed post-mortem trace (header ``failslow-end``)."""
+    return message.headers.get(H_END) == "post-mortem"
 
 
 def time_span(batch: EventBatch) -> tuple[int, int] | None:
