@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.parity import differences
 
 from conftest import SHARED
 from failslow.comms import infer_comms
@@ -66,32 +67,10 @@ def _stream_diagnosis(trace: Path, store: Path) -> dict[str, Any]:
         sink.close()
 
 
-def _compare(offline: dict[str, Any], online: dict[str, Any]) -> list[str]:
-    """Every difference, field by field (empty: the same diagnosis)."""
-    diffs = []
-    for d in (offline, online):  # the what-if analysis is not compared (module docstring)
-        kept = [i for i in d.get("incomplete", []) if i["part"] != "whatif"]
-        d.pop("incomplete", None)
-        if kept:
-            d["incomplete"] = kept
-    for key in sorted((set(offline) | set(online)) - {"anomalies", "whatif"}):
-        if offline.get(key) != online.get(key):
-            diffs.append(f"{key}: {offline.get(key)!r} != {online.get(key)!r}")
-    a = {x["id"]: x for x in offline["anomalies"]}
-    b = {x["id"]: x for x in online["anomalies"]}
-    if list(a) != list(b):
-        diffs.append(f"anomaly ids: {list(a)} != {list(b)}")
-    for i in a.keys() & b.keys():
-        for field in sorted(set(a[i]) | set(b[i])):
-            if a[i].get(field) != b[i].get(field):
-                diffs.append(f"{i}.{field}: {a[i].get(field)!r} != {b[i].get(field)!r}")
-    return diffs
-
-
 def _check(trace: Path, tmp_path: Path) -> dict[str, Any]:
     offline = json.loads(analyze(trace).to_json())
     online = _stream_diagnosis(trace, tmp_path / "store")
-    assert _compare(offline, online) == []
+    assert differences(offline, online) == []
     return offline
 
 
