@@ -27,9 +27,9 @@ CLOCKS = ("wall", "event", "system")
 
 
 def _analyzed_kinds() -> tuple[str, ...]:
-    """The record kinds ``failslow analyze`` feeds the detectors (imported when a config is
-    made: the offline analyzer's module is heavy to import)."""
-    from failslow.engine.offline import KINDS
+    """The record kinds the engine's registered detectors read, those ``failslow analyze``
+    feeds them (imported when a config is made: the detectors are heavy to import)."""
+    from failslow.engine.registry import KINDS
 
     return tuple(KINDS)
 
