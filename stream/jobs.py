@@ -326,8 +326,8 @@ class Jobs:
             if now is None:
                 continue
             if state.merger.pending:
-                if now <= max(state.watermark, state.merger.now):
-                    continue
+                if now < max(state.watermark, state.merger.now):
+                    continue  # held windows are newer than the job's time: wait for them
                 self.flush(job, state)
             self.tick(job, state, now)
 
