@@ -149,14 +149,16 @@ def _synthetic_records(n: int) -> np.ndarray:
     return recs
 
 
-def measure_drain(ring_dir: Path, capacity: int = 1 << 18, rounds: int = 8) -> dict[str, float]:
-    """Python reader drain rate on a full ring, and the conversion rate to contract tables."""
+def measure_drain(ring_dir: Path, capacity: int = 1 << 18, rounds: int = 8,
+                  order: ring.MemoryOrder | None = None) -> dict[str, float]:
+    """Python reader drain rate on a full ring, and the conversion rate to contract tables.
+    ``order``: the reader's and writer's fences (default: this machine's)."""
     path = ring_dir / "failslow-bench-0-py.ring"
-    writer = ring.RingWriter(path, capacity, job="bench", rank=3)
+    writer = ring.RingWriter(path, capacity, job="bench", rank=3, order=order)
     recs = _synthetic_records(writer.capacity)
     total, elapsed = 0, 0.0
     try:
-        with ring.RingReader(path) as reader:
+        with ring.RingReader(path, order=order) as reader:
             for _ in range(rounds):
                 writer.write(recs)
                 t0 = time.perf_counter()
@@ -288,6 +290,10 @@ def bench_collector(args: argparse.Namespace) -> dict[str, Any]:
                     figures.update(measure_agent_cpu(build, ring_dir / "agent"))
                 except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                     figures["agent_error"] = str(e).splitlines()[0]
+                # the reader as on machines without TSO: fences from libfailslow_ring.so
+                fenced = ring.memory_order("aarch64", str(build / "libfailslow_ring.so"))
+                figures["drain_records_per_s_fenced"] = round(
+                    measure_drain(ring_dir, order=fenced)["drain_records_per_s"])
         figures.update({k: round(v) for k, v in measure_drain(ring_dir).items()})
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)

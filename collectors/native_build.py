@@ -29,15 +29,20 @@ def native_dir() -> Path | None:
     return here if (here / "Makefile").is_file() else None
 
 
-def build_native(out: Path, san: str = "", target: str = "tests", jobs: int = 2) -> Path:
-    """``make -C native O=out SAN=san target``; returns ``out``."""
+def build_native(out: Path, san: str = "", target: str = "tests", jobs: int = 2,
+                 cc: str | None = None) -> Path:
+    """``make -C native O=out SAN=san [CC=cc] target``; returns ``out``. ``cc``: another
+    compiler, e.g. ``aarch64-linux-gnu-gcc`` for a cross build (``target`` then names the
+    outputs to build, e.g. ``out/drv_ring``)."""
     src = native_dir()
     if src is None:
         raise NativeBuildError("native sources not found (needs a source checkout)")
-    if shutil.which("make") is None or shutil.which(environment().get("CC", "gcc")) is None:
-        raise NativeBuildError("make or a C compiler is missing")
+    compiler = cc or environment().get("CC", "gcc")
+    if shutil.which("make") is None or shutil.which(compiler) is None:
+        raise NativeBuildError(f"make or the C compiler {compiler} is missing")
     out = Path(out)
-    cmd = ["make", "-C", str(src), f"O={out}", f"SAN={san}", f"-j{jobs}", target]
+    cmd = ["make", "-C", str(src), f"O={out}", f"SAN={san}", f"-j{jobs}",
+           *([f"CC={cc}"] if cc else []), target]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise NativeBuildError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n"

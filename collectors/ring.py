@@ -16,19 +16,30 @@ per-communicator operation counter; ccl-d.md §5.1), host-driven completion and 
 
 Draining never copies record by record: the mapped records are a numpy view; the published
 prefix is found with one vectorized comparison of the commit words against the expected index,
-copied out with at most two slice copies, and released by advancing ``read_idx``. This relies
-on x86-64 (TSO) load ordering between the commit words and the payload; the C consumer
-``fs_ring_drain`` in ``native/ring.c`` uses explicit acquire loads.
+copied out with at most two slice copies, and released by advancing ``read_idx``.
+
+Memory ordering: numpy reads and writes the mapping with plain loads and stores, so the
+reader and writer place fences where the C side uses acquire/release atomics (commit words
+read, *acquire*, payload copied, *release*, ``read_idx`` stored; the writer mirrors it). On
+x86-64 the hardware (TSO) already keeps those orders and each numpy call is opaque to the
+compiler, so no fence is needed; on other machines (aarch64) the fences are
+``fs_fence_acquire``/``fs_fence_release`` of ``libfailslow_ring.so`` called through ctypes, and
+without that library rings are refused (:func:`memory_order`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import mmap
 import os
+import platform
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,7 +54,7 @@ __all__ = [
     "RECORD_DTYPE", "HEADER_DTYPE", "MAGIC", "VERSION", "HEADER_SIZE", "RECORD_SIZE",
     "KIND_COLL", "KIND_PROGRESS", "KIND_LINK", "KIND_COMM", "KIND_GROUP",
     "CTL_PAUSE", "CTL_DETAIL", "RingError", "RingInfo", "RingReader", "RingWriter",
-    "find_rings", "to_tables", "comm_table", "empty_records",
+    "find_rings", "to_tables", "comm_table", "empty_records", "MemoryOrder", "memory_order",
 ]
 
 MAGIC = 0x31474E4952534C46  # "FLSRING1"
@@ -112,7 +123,54 @@ _RING_NAME = re.compile(r"^failslow-(?P<job>[A-Za-z0-9._-]+)-(?P<pid>\d+)-(?P<ta
 
 
 class RingError(ValueError):
-    """A file that is not a ring of this layout version."""
+    """A file that is not a ring of this layout version (or rings unusable on this machine)."""
+
+
+#: Machines whose hardware memory model (TSO) orders the ring's plain loads and stores.
+TSO_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+
+
+@dataclass(frozen=True)
+class MemoryOrder:
+    """The fences the Python reader and writer put between their plain accesses.
+
+    ``acquire``/``release`` are ``None`` where the hardware already orders them (TSO);
+    ``source`` says where the fences come from (``"tso"`` or the library path)."""
+
+    machine: str
+    source: str
+    acquire: Callable[[], object] | None = None
+    release: Callable[[], object] | None = None
+
+
+def _fence_library_candidates() -> list[str]:
+    found = ctypes.util.find_library("failslow_ring")
+    out = [found] if found else []
+    out.append(str(Path(__file__).resolve().parents[1] / "native" / "build"
+                   / "libfailslow_ring.so"))  # `make -C native` in a source checkout
+    return out
+
+
+@functools.cache
+def memory_order(machine: str | None = None, library: str | None = None) -> MemoryOrder:
+    """Fences for ``machine`` (default: this one); ``library``: the ``libfailslow_ring.so``
+    to take them from (default: the library search path, then ``native/build``).
+
+    Raises :class:`RingError` (one line) on a machine without TSO when no library loads."""
+    mach = (machine or platform.machine()).lower()
+    if mach in TSO_MACHINES:
+        return MemoryOrder(mach, "tso")
+    for cand in [library] if library else _fence_library_candidates():
+        try:
+            lib = ctypes.CDLL(cand)
+            acquire, release = lib.fs_fence_acquire, lib.fs_fence_release
+        except (OSError, AttributeError):
+            continue
+        acquire.restype = release.restype = None
+        acquire.argtypes = release.argtypes = []
+        return MemoryOrder(mach, cand, acquire, release)
+    raise RingError(f"failslow rings on {mach} need the memory fences of libfailslow_ring.so "
+                    "(build it with `make -C native`); not found, refusing to use rings")
 
 
 @dataclass(frozen=True)
@@ -145,8 +203,9 @@ class RingReader:
     ...     tables = ring.tables(recs)
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, order: MemoryOrder | None = None) -> None:
         self.path = Path(path)
+        self.order = order or memory_order()
         self._file = open(self.path, "r+b")  # noqa: SIM115 -- kept open with the mapping
         try:
             size = os.fstat(self._file.fileno()).st_size
@@ -272,12 +331,17 @@ class RingReader:
         if not ok.all():
             n = int(np.argmin(ok))
             first = min(first, n)
+        acquire, release = self.order.acquire, self.order.release
+        if acquire is not None:
+            acquire()  # the payloads are read after the commit words that published them
         out = np.empty(n, dtype=RECORD_DTYPE)
         raw = out.view(np.uint8).reshape(n, RECORD_SIZE)
         raw[:first] = self._raw[start:start + first]
         if n > first:
             raw[first:] = self._raw[:n - first]
         if n:
+            if release is not None:
+                release()  # the copies are complete before the slots are handed back
             self._u64[_W_READ] = np.uint64(r + n)
         return out
 
@@ -313,9 +377,11 @@ class RingWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], capacity: int, *, job: str = "default",
-                 rank: int = -1, collector: int = SRC_TEST, caps: int = 0) -> None:
+                 rank: int = -1, collector: int = SRC_TEST, caps: int = 0,
+                 order: MemoryOrder | None = None) -> None:
         cap = 1 << max(6, int(capacity - 1).bit_length())
         self.path = Path(path)
+        self.order = order or memory_order()
         size = HEADER_SIZE + cap * RECORD_SIZE
         with open(self.path, "wb") as f:
             f.truncate(size)
@@ -330,6 +396,8 @@ class RingWriter:
         h["job"], h["host"] = job.encode()[:64], socket.gethostname().encode()[:63]
         hdr[0] = h[0]
         self._u64 = np.frombuffer(self._mm, dtype="<u8", count=HEADER_SIZE // 8)
+        if self.order.release is not None:
+            self.order.release()
         self._u64[0] = np.uint64(MAGIC)  # published last
         self.capacity = cap
         self._records = np.frombuffer(self._mm, dtype=RECORD_DTYPE, count=cap, offset=HEADER_SIZE)
@@ -347,10 +415,22 @@ class RingWriter:
         slots = (np.arange(w, w + n, dtype=np.uint64) & mask).astype(np.intp)
         batch = np.array(records[:n], dtype=RECORD_DTYPE)
         batch["commit"] = self._records["commit"][slots]  # payload first, commit words after
+        self.fence_acquire()  # the freed slots are written after read_idx was read
         self._records[slots] = batch
+        self.fence_release()  # ... and published after their payloads
         self._records["commit"][slots] = np.arange(w + 1, w + 1 + n, dtype=np.uint64)
         self._u64[_W_WRITE] = np.uint64(w + n)
         return n
+
+    def fence_acquire(self) -> None:
+        """Order the loads before (``read_idx``) before the stores after (the slots)."""
+        if self.order.acquire is not None:
+            self.order.acquire()
+
+    def fence_release(self) -> None:
+        """Order the stores before (a payload) before the stores after (its commit word)."""
+        if self.order.release is not None:
+            self.order.release()
 
     def close(self, *, mark_closed: bool = True) -> None:
         if mark_closed:

@@ -328,7 +328,8 @@ class TorchCollector:
 
     def _put(self, rec: tuple[Any, ...]) -> None:
         """Publish one record (the lock held), RingWriter's protocol without its batch set-up:
-        payload bytes, then the commit word, then the write index (x86-64 store order)."""
+        read_idx, acquire fence, payload bytes, release fence, the commit word, then the write
+        index (the fences are no-ops on x86-64, see ring.memory_order)."""
         ring = self.ring
         u64 = ring._u64
         w = int(u64[R._W_WRITE])
@@ -336,7 +337,12 @@ class TorchCollector:
             u64[R._W_DROPPED] += np.uint64(1)
             return
         off = R.HEADER_SIZE + (w & (ring.capacity - 1)) * R.RECORD_SIZE
+        order = ring.order
+        if order.acquire is not None:
+            order.acquire()
         _PAYLOAD.pack_into(ring._mm, off + 8, *rec)
+        if order.release is not None:
+            order.release()
         _COMMIT.pack_into(ring._mm, off, w + 1)
         u64[R._W_WRITE] = np.uint64(w + 1)
 

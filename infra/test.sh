@@ -6,10 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests use: chromium (headless page tests), strace (the collector's
-# no-syscall check), docker-compose (validates docker-compose.yml; no engine is needed).
+# no-syscall check), docker-compose (validates docker-compose.yml; no engine is needed),
+# qemu-user and gcc-aarch64-linux-gnu (the ring built for aarch64 and run under qemu-aarch64;
+# about 12 s to install with the apt-get update).
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v qemu-aarch64 >/dev/null 2>&1 || missing+=(qemu-user)
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || missing+=(gcc-aarch64-linux-gnu)
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
     || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then

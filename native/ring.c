@@ -148,6 +148,10 @@ FS_API size_t fs_ring_drain(struct fs_ring *ring, struct fs_record *out, size_t 
   return n;
 }
 
+FS_API void fs_fence_acquire(void) { atomic_thread_fence(memory_order_acquire); }
+
+FS_API void fs_fence_release(void) { atomic_thread_fence(memory_order_release); }
+
 FS_API void fs_ring_set_control(struct fs_ring *ring, uint32_t control) {
   atomic_store_explicit(&ring->hdr->control, control, memory_order_relaxed);
 }

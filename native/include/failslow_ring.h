@@ -37,9 +37,18 @@
  *   r = read_idx; while slot(r).commit == r + 1 (acquire): copy the record, r += 1.
  *   Then store read_idx = r (release). The commit word names the lap, so stale records of a
  *   previous lap (commit = r + 1 - capacity) are never mistaken for new ones and slots need
- *   no clearing. The Python reader does the same with numpy over the mapped file (a vectorized
- *   comparison of the commit column and one bulk copy); it relies on x86-64 (TSO) load
- *   ordering, the C consumer in ring.c uses explicit acquire loads and is portable.
+ *   no clearing. The C consumer in ring.c uses acquire loads of the commit words.
+ *
+ * Code without C11 atomics (the Python reader and writer, numpy over the mapped file) follows
+ *   the same protocol with fences between plain accesses:
+ *     consumer: load commit words; fs_fence_acquire(); copy payloads; fs_fence_release();
+ *               store read_idx;
+ *     producer: load read_idx; fs_fence_acquire(); store payloads; fs_fence_release();
+ *               store commit words.
+ *   On x86-64 (TSO: loads are not reordered with loads, stores not with stores, stores not
+ *   before earlier loads) these fences are compiler barriers only, which an opaque call into
+ *   numpy already is, so the Python side skips them there; elsewhere (aarch64) it calls the
+ *   two exported functions of libfailslow_ring.so and refuses to run without them.
  *
  * Hot path: no lock, no allocation, no system call. Times come from clock_gettime
  *   (CLOCK_REALTIME), which on x86-64 Linux is served by the vDSO from user space when the
@@ -290,6 +299,11 @@ FS_API void fs_proc_ring_close(struct fs_proc_ring *p);
 FS_API int32_t fs_env_rank(void);
 FS_API int fs_env_flag(const char *name, int dflt);
 FS_API long long fs_env_ll(const char *name, long long dflt);
+
+/* Acquire / release fences (atomic_thread_fence) for consumers and producers that access the
+ * ring with plain loads and stores: see "Code without C11 atomics" above. */
+FS_API void fs_fence_acquire(void);
+FS_API void fs_fence_release(void);
 
 /* ---- helpers shared by the collector libraries (ring.c; none on a hot path) ---- */
 

@@ -1,6 +1,7 @@
 /*
- * plugin.c -- failslow NCCL profiler plugin (exports ncclProfiler_v5 and ncclProfiler_v4; every
- * other symbol is hidden).
+ * plugin.c -- failslow NCCL profiler plugin: the version-independent core (entry points:
+ * plugin_v45.c for API v4/v5, plugin_v67.c for v6/v7). Exports ncclProfiler_v7 ... ncclProfiler_v4; every other
+ * symbol is hidden.
  *
  * Per communicator (init) it records, into the process's profiler ring:
  *   - a COMM row: comm id = NCCL's commHash/commId (identical on all members), rank, nranks;
@@ -17,6 +18,10 @@
  *     executed (CCL-D's SendCount/RecvCount). Operations of one communicator execute in launch
  *     order, so when an operation completes, every earlier-launched one still open is closed
  *     too (FS_FLAG_INFERRED_END) -- this covers operations without child events;
+ *   - v6 copy-engine collectives (CeColl, no kernel and no device-side child events) are
+ *     operations whose end is always inferred from the next completed operation; v7 KernelPhase
+ *     events of symmetric kernels give the transfer start (compute phase, after the initial
+ *     synchronisation with the peers) instead of the kernel start;
  *   - detail mode (control word FS_CTL_DETAIL): ProxyStep events give `progress` rows
  *     (throttled), NetPlugin IB events give per-device `link` samples (MegaTrace §III-B-2).
  *
@@ -35,7 +40,7 @@
 #include <unistd.h>
 
 #include "failslow_ring.h"
-#include "profiler_abi.h"
+#include "plugin_core.h"
 
 
 static struct fs_proc_ring g_ring = {
@@ -44,7 +49,7 @@ static struct fs_proc_ring g_ring = {
     .caps = FS_CAP_END_ROWS | FS_CAP_T_START | FS_CAP_COUNTS | FS_CAP_LINK,
 };
 static int32_t g_rank = -1;
-static pid_t g_pid;
+pid_t g_pid;
 static int64_t g_progress_ns = 1000000;  /* FAILSLOW_PROGRESS_US */
 static int64_t g_link_ns = 100000000;    /* FAILSLOW_LINK_PERIOD_MS */
 static uint32_t g_op_pool = 1024;        /* FAILSLOW_PROFILER_OPS */
@@ -53,15 +58,9 @@ static _Atomic(int *) g_mask_ptr;        /* NCCL's activation mask (one per proc
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static _Atomic int g_mask_applied = -1;
 
-enum ev_type { EV_NONE = 0, EV_API, EV_TASK, EV_PROXYOP, EV_STEP, EV_KERNEL, EV_NET, EV_DUMMY };
-
-struct fs_ev {
-  uint8_t type;
-};
-
 /* Handles returned for events we do not track. A dropped API event must not make its task
  * events create a second operation (which would advance seq twice on this rank only). */
-static struct fs_ev g_dummy = {EV_DUMMY};
+struct fs_ev g_dummy = {EV_DUMMY};
 static struct fs_ev g_dropped_api = {EV_DUMMY};
 static struct fs_ev g_graph_api = {EV_DUMMY};
 
@@ -88,6 +87,7 @@ struct prof_op {
   _Atomic int proxies;  /* ProxyOp children ever started */
   _Atomic uint32_t kern_expected, kern_stopped;
   _Atomic int64_t t_first, t_last;
+  _Atomic int64_t t_xfer; /* v7: host time of the first compute-phase start (INT64_MAX: none) */
   _Atomic uint64_t send_steps, recv_steps;
   _Atomic int64_t last_progress;
   _Atomic uint64_t launched_before; /* ctx->launched_upto when the first task started */
@@ -150,7 +150,7 @@ static inline void atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
 }
 
 /* "AllReduce", "ReduceScatter", "Send", ... -> fs_op */
-static uint8_t op_code(const char *func) {
+uint8_t op_code(const char *func) {
   if (!func) return FS_OP_UNKNOWN;
   if (!strncasecmp(func, "nccl", 4)) func += 4;
   static const struct {
@@ -166,7 +166,7 @@ static uint8_t op_code(const char *func) {
 }
 
 /* "ncclFloat32" -> 4, "ncclBfloat16" -> 2, "ncclFloat8e4m3" -> 1, unknown -> 1 */
-static uint64_t dtype_size(const char *dt) {
+uint64_t dtype_size(const char *dt) {
   if (!dt) return 1;
   if (strstr(dt, "8e")) return 1;
   size_t n = strlen(dt);
@@ -195,6 +195,8 @@ static int mask_for(int version, uint32_t ctl) {
     return version >= 5 ? api : (ncclProfileColl | ncclProfileP2p);
   int m = ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp | ncclProfileKernelCh;
   if (version >= 5) m |= api;
+  if (version >= 6) m |= ncclProfileCeColl;
+  if (version >= 7) m |= ncclProfileKernelPhase;
   if (ctl & FS_CTL_DETAIL) m |= ncclProfileProxyStep | ncclProfileNetPlugin;
   return m;
 }
@@ -254,6 +256,8 @@ static void write_end(struct prof_op *op, int64_t t, uint32_t extra) {
   struct fs_ring *r = ring_now();
   if (!r) return;
   int64_t t_first = atomic_load_explicit(&op->t_first, FS_ACQ);
+  int64_t t_xfer = atomic_load_explicit(&op->t_xfer, FS_ACQ);
+  if (t_xfer != INT64_MAX) t_first = t_xfer;
   int has_children = atomic_load_explicit(&op->children, FS_ACQ) > 0;
   int has_proxies = atomic_load_explicit(&op->proxies, FS_ACQ) > 0;
   uint64_t send = has_proxies ? atomic_load_explicit(&op->send_steps, FS_ACQ) : FS_NULL_COUNT;
@@ -299,6 +303,7 @@ static struct prof_op *op_alloc(struct fs_pctx *ctx) {
       atomic_store_explicit(&op->kern_stopped, 0, FS_RLX);
       atomic_store_explicit(&op->t_first, INT64_MAX, FS_RLX);
       atomic_store_explicit(&op->t_last, 0, FS_RLX);
+      atomic_store_explicit(&op->t_xfer, INT64_MAX, FS_RLX);
       atomic_store_explicit(&op->send_steps, 0, FS_RLX);
       atomic_store_explicit(&op->recv_steps, 0, FS_RLX);
       atomic_store_explicit(&op->last_progress, 0, FS_RLX);
@@ -453,7 +458,7 @@ static void read_env(void) {
   g_child_pool = (uint32_t)fs_env_pow2("FAILSLOW_PROFILER_CHILDREN", 4096, 16, 1u << 20);
 }
 
-static ncclResult_t init_common(void **context, int *mask, const char *name, uint64_t comm,
+ncclResult_t init_common(void **context, int *mask, const char *name, uint64_t comm,
                                 int nnodes, int nranks, int rank, int version) {
   *context = NULL;
   pthread_once(&g_once, read_env);
@@ -496,21 +501,7 @@ static ncclResult_t init_common(void **context, int *mask, const char *name, uin
   return ncclSuccess;
 }
 
-static ncclResult_t fs_init_v5(void **context, uint64_t commId, int *eActivationMask,
-                               const char *commName, int nNodes, int nranks, int rank,
-                               ncclDebugLogger_t logfn) {
-  (void)logfn;
-  return init_common(context, eActivationMask, commName, commId, nNodes, nranks, rank, 5);
-}
-
-static ncclResult_t fs_init_v4(void **context, int *eActivationMask, const char *commName,
-                               uint64_t commHash, int nNodes, int nranks, int rank,
-                               ncclDebugLogger_t logfn) {
-  (void)logfn;
-  return init_common(context, eActivationMask, commName, commHash, nNodes, nranks, rank, 4);
-}
-
-static ncclResult_t fs_finalize(void *context) {
+ncclResult_t fs_finalize(void *context) {
   struct fs_pctx *ctx = (struct fs_pctx *)context;
   if (!ctx) return ncclSuccess;
   write_comm(ctx, 1);
@@ -524,15 +515,8 @@ static ncclResult_t fs_finalize(void *context) {
 /* ------------------------------------------------------------------------------------------ */
 /* events (version-independent core) */
 
-struct task_info {
-  uint8_t op;
-  uint64_t bytes;
-  int32_t peer;
-  uint8_t nchannels;
-};
-
 /* v5 API event: assigns seq and the API-call time; collectives write their enter row now. */
-static void *start_api(struct fs_pctx *ctx, int is_p2p, const char *func, size_t count,
+void *start_api(struct fs_pctx *ctx, int is_p2p, const char *func, size_t count,
                        const char *datatype, int root, int graph) {
   uint64_t seq = atomic_fetch_add_explicit(&ctx->seq, 1, FS_RLX);
   struct fs_ring *r = ring_now();
@@ -585,7 +569,7 @@ static void *start_task_new(struct fs_pctx *ctx, const struct task_info *ti, uin
   return &op->task_ev;
 }
 
-static void *start_task(struct fs_pctx *ctx, void *parent, const struct task_info *ti) {
+void *start_task(struct fs_pctx *ctx, void *parent, const struct task_info *ti) {
   if (ctx->version >= 5) {
     if (parent == &g_dropped_api) return &g_dummy;
     if (parent && ((struct fs_ev *)parent)->type == EV_API) {
@@ -600,7 +584,7 @@ static void *start_task(struct fs_pctx *ctx, void *parent, const struct task_inf
   return start_task_new(ctx, ti, FS_FLAG_ENTER_AT_LAUNCH);
 }
 
-static void *start_child(struct fs_pctx *ctx, uint8_t type, void *parent, pid_t pid, int is_send,
+void *start_child(struct fs_pctx *ctx, uint8_t type, void *parent, pid_t pid, int is_send,
                          int nsteps) {
   if (!parent) return NULL;
   if (type == EV_PROXYOP && pid != g_pid) return NULL; /* PXN: parent lives in another process */
@@ -619,7 +603,7 @@ static void *start_child(struct fs_pctx *ctx, uint8_t type, void *parent, pid_t 
   return &ch->ev;
 }
 
-static void *start_step(struct fs_pctx *ctx, void *parent) {
+void *start_step(struct fs_pctx *ctx, void *parent) {
   if (!parent || ((struct fs_ev *)parent)->type != EV_PROXYOP) return NULL;
   struct fs_child *ch = child_alloc(ctx, EV_STEP);
   if (!ch) return NULL;
@@ -628,7 +612,7 @@ static void *start_step(struct fs_pctx *ctx, void *parent) {
   return &ch->ev;
 }
 
-static void *start_net(struct fs_pctx *ctx, int64_t id, void *data) {
+void *start_net(struct fs_pctx *ctx, int64_t id, void *data) {
   if (!data) return NULL;
   uint32_t type = (uint32_t)id & NCCL_PROFILER_NET_TYPE_MASK;
   uint32_t ver = (uint32_t)id & NCCL_PROFILER_NET_VER_MASK;
@@ -644,7 +628,16 @@ static void *start_net(struct fs_pctx *ctx, int64_t id, void *data) {
   return &ch->ev;
 }
 
-static ncclResult_t fs_stop(void *h) {
+/* v7 KernelPhase (parent: a KernelCh event): the compute phase starts once every peer has
+ * joined, so its host time is the transfer start of the operation. */
+void *start_phase(void *parent, int phase_id) {
+  if (!parent || ((struct fs_ev *)parent)->type != EV_KERNEL) return NULL;
+  struct fs_child *ch = (struct fs_child *)parent;
+  if (phase_id == FS_KPHASE_COMPUTE && ch->op) atomic_min_i64(&ch->op->t_xfer, fs_now_ns());
+  return &g_dummy;
+}
+
+ncclResult_t fs_stop(void *h) {
   if (!h) return ncclSuccess;
   struct fs_ev *ev = (struct fs_ev *)h;
   switch (ev->type) {
@@ -713,132 +706,12 @@ static ncclResult_t fs_stop(void *h) {
   return ncclSuccess;
 }
 
-static ncclResult_t fs_record_state(void *h, ncclProfilerEventState_t state,
+ncclResult_t fs_record_state(void *h, ncclProfilerEventState_t state,
                                     ncclProfilerEventStateArgs_v4_t *args) {
   (void)h;
   (void)state;
   (void)args; /* KernelChStop carries a GPU timer; completion uses host time at stopEvent */
   return ncclSuccess;
 }
-
-/* ------------------------------------------------------------------------------------------ */
-/* v5 */
-
-static ncclResult_t fs_start_v5(void *context, void **eHandle, ncclProfilerEventDescr_v5_t *d) {
-  struct fs_pctx *ctx = (struct fs_pctx *)context;
-  *eHandle = NULL;
-  if (!ctx || !d) return ncclSuccess;
-  struct task_info ti;
-  switch (d->type) {
-    case ncclProfileCollApi:
-      *eHandle = start_api(ctx, 0, d->collApi.func, d->collApi.count, d->collApi.datatype,
-                           d->collApi.root, d->collApi.graphCaptured);
-      break;
-    case ncclProfileP2pApi:
-      *eHandle = start_api(ctx, 1, d->p2pApi.func, d->p2pApi.count, d->p2pApi.datatype, -1,
-                           d->p2pApi.graphCaptured);
-      break;
-    case ncclProfileColl:
-      ti.op = op_code(d->coll.func);
-      ti.bytes = (uint64_t)d->coll.count * dtype_size(d->coll.datatype);
-      ti.peer = (ti.op == FS_OP_BROADCAST || ti.op == FS_OP_REDUCE) ? d->coll.root : -1;
-      ti.nchannels = d->coll.nChannels;
-      *eHandle = start_task(ctx, d->parentObj, &ti);
-      break;
-    case ncclProfileP2p:
-      ti.op = op_code(d->p2p.func);
-      ti.bytes = (uint64_t)d->p2p.count * dtype_size(d->p2p.datatype);
-      ti.peer = d->p2p.peer;
-      ti.nchannels = d->p2p.nChannels;
-      *eHandle = start_task(ctx, d->parentObj, &ti);
-      break;
-    case ncclProfileProxyOp:
-      *eHandle = start_child(ctx, EV_PROXYOP, d->parentObj, d->proxyOp.pid, d->proxyOp.isSend,
-                             d->proxyOp.nSteps);
-      break;
-    case ncclProfileKernelCh:
-      *eHandle = start_child(ctx, EV_KERNEL, d->parentObj, g_pid, 0, 0);
-      break;
-    case ncclProfileProxyStep:
-      *eHandle = start_step(ctx, d->parentObj);
-      break;
-    case ncclProfileNetPlugin:
-      *eHandle = start_net(ctx, d->netPlugin.id, d->netPlugin.data);
-      break;
-    default: /* Group, GroupApi, KernelLaunch, ProxyCtrl: not tracked */
-      *eHandle = &g_dummy;
-      break;
-  }
-  return ncclSuccess;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* v4 */
-
-static ncclResult_t fs_start_v4(void *context, void **eHandle, ncclProfilerEventDescr_v4_t *d) {
-  struct fs_pctx *ctx = (struct fs_pctx *)context;
-  *eHandle = NULL;
-  if (!ctx || !d) return ncclSuccess;
-  struct task_info ti;
-  switch (d->type) {
-    case ncclProfileColl:
-      ti.op = op_code(d->coll.func);
-      ti.bytes = (uint64_t)d->coll.count * dtype_size(d->coll.datatype);
-      ti.peer = (ti.op == FS_OP_BROADCAST || ti.op == FS_OP_REDUCE) ? d->coll.root : -1;
-      ti.nchannels = d->coll.nChannels;
-      *eHandle = start_task(ctx, d->parentObj, &ti);
-      break;
-    case ncclProfileP2p:
-      ti.op = op_code(d->p2p.func);
-      ti.bytes = (uint64_t)d->p2p.count * dtype_size(d->p2p.datatype);
-      ti.peer = d->p2p.peer;
-      ti.nchannels = d->p2p.nChannels;
-      *eHandle = start_task(ctx, d->parentObj, &ti);
-      break;
-    case ncclProfileProxyOp:
-      *eHandle = start_child(ctx, EV_PROXYOP, d->parentObj, d->proxyOp.pid, d->proxyOp.isSend,
-                             d->proxyOp.nSteps);
-      break;
-    case ncclProfileKernelCh:
-      *eHandle = start_child(ctx, EV_KERNEL, d->parentObj, g_pid, 0, 0);
-      break;
-    case ncclProfileProxyStep:
-      *eHandle = start_step(ctx, d->parentObj);
-      break;
-    case ncclProfileNetPlugin:
-      *eHandle = start_net(ctx, d->netPlugin.id, d->netPlugin.data);
-      break;
-    default:
-      *eHandle = &g_dummy;
-      break;
-  }
-  return ncclSuccess;
-}
-
-static ncclResult_t fs_record_v4(void *h, ncclProfilerEventState_v4_t s,
-                                 ncclProfilerEventStateArgs_v4_t *a) {
-  return fs_record_state(h, s, a);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* exported structs: NCCL looks up the newest version first */
-
-FS_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
-    .name = "failslow",
-    .init = fs_init_v5,
-    .startEvent = fs_start_v5,
-    .stopEvent = fs_stop,
-    .recordEventState = fs_record_state,
-    .finalize = fs_finalize,
-};
-
-FS_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
-    .name = "failslow",
-    .init = fs_init_v4,
-    .startEvent = fs_start_v4,
-    .stopEvent = fs_stop,
-    .recordEventState = fs_record_v4,
-    .finalize = fs_finalize,
-};
 
 __attribute__((destructor)) static void fs_profiler_fini(void) { fs_proc_ring_close(&g_ring); }

@@ -1,5 +1,6 @@
 /*
- * profiler_abi.h -- the NCCL profiler plugin interface, versions 4 and 5, declared from the
+ * profiler_abi.h -- the NCCL profiler plugin interface, versions 4 and 5 (6 and 7 in
+ * profiler_abi_v6.h and profiler_abi_v7.h), declared from the
  * public documentation of NCCL's profiler plugin API (plugins/profiler/README.md of NCCL
  * 2.26+). A plugin exports one struct per supported version, named ncclProfiler_v<N>; NCCL
  * looks for the newest version it knows first. Field order and types below must match NCCL's
@@ -62,6 +63,10 @@ enum {
   ncclProfileCollApi = (1 << 9),     /* v5 */
   ncclProfileP2pApi = (1 << 10),     /* v5 */
   ncclProfileKernelLaunch = (1 << 11), /* v5 */
+  ncclProfileCeColl = (1 << 12),       /* v6: collective run by the copy engines */
+  ncclProfileCeSync = (1 << 13),       /* v6: its synchronisation step (child of CeColl) */
+  ncclProfileCeBatch = (1 << 14),      /* v6: its batch of copies (child of CeColl) */
+  ncclProfileKernelPhase = (1 << 15),  /* v7: barrier/compute phase of a kernel channel */
 };
 
 /* Event states passed to recordEventState. */
@@ -91,6 +96,13 @@ typedef enum {
   ncclProfilerKernelChStop = 22,
   ncclProfilerGroupStartApiStop = 23, /* v5 */
   ncclProfilerGroupEndApiStart = 24,  /* v5 */
+  ncclProfilerCeCollStart = 25,       /* 25-30: v6 copy-engine states */
+  ncclProfilerCeCollComplete = 26,
+  ncclProfilerCeSyncStart = 27,
+  ncclProfilerCeSyncComplete = 28,
+  ncclProfilerCeBatchStart = 29,
+  ncclProfilerCeBatchComplete = 30,
+  ncclProfilerKernelPhaseStop = 31, /* v7: stop of a KernelPhase event (args: kernelCh.pTimer) */
 } ncclProfilerEventState_t;
 
 typedef ncclProfilerEventState_t ncclProfilerEventState_v4_t;

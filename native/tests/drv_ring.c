@@ -1,8 +1,12 @@
 /*
  * drv_ring.c -- test driver for the ring itself.
  *   drv_ring layout                     print offsets/sizes of the C structures (JSON)
- *   drv_ring stress PATH THREADS N CAP  THREADS producers x N records, one concurrent consumer;
- *                                       checks per-producer order, no loss except counted drops
+ *   drv_ring stress PATH THREADS N CAP [fenced]
+ *                                       THREADS producers x N records, one concurrent consumer;
+ *                                       checks per-producer order, payloads, no loss except
+ *                                       counted drops. `fenced`: the consumer follows the plain
+ *                                       load + fence protocol of the Python reader instead of
+ *                                       fs_ring_drain
  *   drv_ring full PATH N CAP            N records into a ring of CAP with no consumer
  *   drv_ring fork                       process ring (env), fork; parent and child each write 3
  *   drv_ring fill PATH N CAP            N COLL enter/end records with a known pattern
@@ -78,6 +82,29 @@ static struct fs_ring g_r;
 static long g_n;
 static _Atomic int g_producers_done;
 
+/* what a producer writes into `bytes`: a stale or torn payload does not match its seq */
+static uint64_t payload_check(long id, uint64_t seq) {
+  return (seq + 1) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)id;
+}
+
+/* The Python reader's protocol (ring.py RingReader.drain) in C: the commit words with plain
+ * (relaxed) loads, an acquire fence, the payload copy, a release fence, read_idx. */
+static size_t drain_fenced(struct fs_ring *ring, struct fs_record *out, size_t max) {
+  struct fs_ring_header *h = ring->hdr;
+  uint64_t r = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
+  uint64_t w = atomic_load_explicit(&h->write_idx, memory_order_relaxed);
+  size_t n = 0;
+  while (n < max && r + n < w &&
+         atomic_load_explicit(&ring->rec[(r + n) & ring->mask].commit, memory_order_relaxed) ==
+             r + n + 1)
+    n++;
+  fs_fence_acquire();
+  for (size_t j = 0; j < n; j++) memcpy(&out[j], &ring->rec[(r + j) & ring->mask], sizeof(out[j]));
+  fs_fence_release();
+  if (n) atomic_store_explicit(&h->read_idx, r + n, memory_order_relaxed);
+  return n;
+}
+
 static void *producer(void *arg) {
   long id = (long)arg;
   for (long i = 0; i < g_n; i++) {
@@ -87,6 +114,7 @@ static void *producer(void *arg) {
     d->kind = FS_KIND_COLL;
     d->rank = (int32_t)id;
     d->seq = (uint64_t)i;
+    d->bytes = payload_check(id, (uint64_t)i);
     d->t_ns = fs_now_ns();
     fs_ring_commit(&g_r, d, idx);
   }
@@ -94,7 +122,7 @@ static void *producer(void *arg) {
   return NULL;
 }
 
-static int stress(const char *path, int threads, long n, long cap) {
+static int stress(const char *path, int threads, long n, long cap, int fenced) {
   if (fs_ring_create(&g_r, path, (uint64_t)cap, NULL) != 0) return 2;
   g_n = n;
   pthread_t t[64];
@@ -106,10 +134,11 @@ static int stress(const char *path, int threads, long n, long cap) {
   long got = 0, disorder = 0, bad = 0;
   for (;;) {
     int done = atomic_load(&g_producers_done) == threads;
-    size_t k = fs_ring_drain(&g_r, buf, 256);
+    size_t k = fenced ? drain_fenced(&g_r, buf, 256) : fs_ring_drain(&g_r, buf, 256);
     for (size_t j = 0; j < k; j++) {
       int id = buf[j].rank;
-      if (id < 0 || id >= threads || buf[j].kind != FS_KIND_COLL) {
+      if (id < 0 || id >= threads || buf[j].kind != FS_KIND_COLL ||
+          buf[j].bytes != payload_check(id, buf[j].seq)) {
         bad++;
         continue;
       }
@@ -212,8 +241,9 @@ static int fill(const char *path, long n, long cap) {
 int main(int argc, char **argv) {
   if (argc < 2) return 2;
   if (!strcmp(argv[1], "layout")) return layout();
-  if (!strcmp(argv[1], "stress") && argc == 6)
-    return stress(argv[2], atoi(argv[3]), atol(argv[4]), atol(argv[5]));
+  if (!strcmp(argv[1], "stress") && (argc == 6 || argc == 7))
+    return stress(argv[2], atoi(argv[3]), atol(argv[4]), atol(argv[5]),
+                  argc == 7 && !strcmp(argv[6], "fenced"));
   if (!strcmp(argv[1], "full") && argc == 5) return full(argv[2], atol(argv[3]), atol(argv[4]));
   if (!strcmp(argv[1], "fork")) return forked();
   if (!strcmp(argv[1], "fill") && argc == 5) return fill(argv[2], atol(argv[3]), atol(argv[4]));
