@@ -76,7 +76,18 @@ def run(args: argparse.Namespace) -> int:
                   f"(tp{meta.tp} pp{meta.pp} dp{meta.dp}), {n_events:,} events "
                   f"in {time.perf_counter() - started:.1f} s")
 
-    client = connect(data_dir, args.clickhouse)
+    from failslow.stream.clickhouse import describe_error
+    from failslow.stream.kafka_security import quiet_client_logs
+
+    quiet_client_logs()
+    try:
+        client = connect(data_dir, args.clickhouse)
+        client.command("SELECT 1")
+    except Exception as e:
+        if args.clickhouse and not isinstance(e, ValueError):
+            print(f"failslow demo: {describe_error(e, args.clickhouse)}", file=sys.stderr)
+            return 1
+        raise
     try:
         sink = ClickHouseSink(client, DEMO_DATABASE, create=False)
         sink.drop()  # a fresh database per run: re-running the demo starts clean

@@ -63,8 +63,11 @@ def test_bad_input_exits_with_one_line_and_no_traceback(name: str, tmp_path: Pat
     assert done.returncode == code, done.stderr
     ours = [ln for ln in done.stderr.splitlines()
             if ln.startswith("failslow ") and "is deprecated" not in ln]
-    assert len(ours) == 1, done.stderr  # client-library log lines are another matter
+    assert len(ours) == 1, done.stderr
     assert needle in ours[0], ours[0]
+    # client-library logs are quiet without -v: every line is failslow's own
+    stray = [ln for ln in done.stderr.splitlines() if ln.strip() and "failslow" not in ln]
+    assert stray == [], done.stderr
 
 
 def test_no_parser_takes_abbreviations() -> None:
