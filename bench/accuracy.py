@@ -516,6 +516,21 @@ def bench_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         lambda r: print(heldout_line(r), flush=True)))
     if not quiet:
         print(heldout_table(out["heldout"]), flush=True)
+    out["inspector"] = inspector_accuracy(scale, quiet)
+    return out
+
+
+def inspector_accuracy(scale: float, quiet: bool) -> dict[str, Any]:
+    """Every preset as NCCL Inspector output, verbose and not (issue 16); below scale 1 a
+    compute, a link and a hang preset."""
+    from failslow.bench.accuracy_inspector import SMALL_PRESETS, inspector_suite, line
+
+    presets = SMALL_PRESETS if scale >= 1 else ("default", "link", "hang-not-entered")
+    out = inspector_suite(presets, None if quiet else lambda r: print(line(r), flush=True))
+    if not quiet:
+        print(f"inspector: verbose import = written-from diagnosis "
+              f"{out['verbose_same_as_written']}, = truth (slow) {out['verbose_truth_slow']}; "
+              f"non-verbose names the ranks (slow) {out['nonverbose_ranks_slow']}", flush=True)
     return out
 
 

@@ -30,7 +30,19 @@ def _cmd_straggler_analysis(args: argparse.Namespace) -> int:
 def _cmd_nccl_inspector(args: argparse.Namespace) -> int:
     from failslow.collectors.importers import nccl_inspector
 
-    return _write(nccl_inspector.import_dir(args.inspector_dir, job=args.job), args)
+    result = nccl_inspector.import_dir(args.inspector_dir, job=args.job)
+    code = _write(result, args)
+    info = result.info
+    if info.get("lossy_ranks"):
+        print(f"ranks with dropped records (held out, never a root cause): "
+              f"{', '.join(sorted(info['lossy_ranks'], key=int))}")
+    found = info.get("exec_time_stragglers")
+    if found:  # records without timestamps: what their execution times say
+        link = found["link"]
+        nodes = f" (nodes {', '.join(link['nodes'])})" if link["nodes"] else ""
+        print(f"untimed records, from execution times: compute stragglers "
+              f"{found['compute']['ranks'] or 'none'}; slow link {link['link'] or 'none'}{nodes}")
+    return code
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +92,9 @@ def add_parser(subparsers: Any) -> None:
                     "v4.x, per-record or dump_stats markers; .log/.jsonl, gzipped or not). "
                     "Verbose records (event_trace_ts) become coll rows; records without "
                     "timestamps are summarised per rank in import.json, never given made-up "
-                    "times. Ranks with dropped records are named as lossy.")
+                    "times; their execution times still name compute and link stragglers "
+                    "(import.json: exec_time_stragglers). Ranks with dropped records are named "
+                    "as lossy and held out.")
     ni.add_argument("inspector_dir", metavar="DIR", help="the Inspector dump folder")
     _common(ni)
     ni.set_defaults(func=_cmd_nccl_inspector)

@@ -36,7 +36,9 @@ import numpy as np
 import pyarrow as pa
 
 from failslow import events
-from failslow.collectors.ring import RingError, RingReader, comm_table, find_rings
+from failslow.collectors.inspector_follow import InspectorFollower
+from failslow.collectors.ras import RasCollector
+from failslow.collectors.ring import RingError, RingReader, comm_table, find_rings, memory_order
 from failslow.events import Comm, JobMeta
 from failslow.settings import get_settings
 
@@ -94,18 +96,36 @@ class TraceDirSink:
     def close(self) -> None:
         self.flush()
 
+    def sync(self) -> bool:
+        """Make everything written so far durable (the trace directory is rewritten)."""
+        self.flush()
+        return True
+
 
 class TransportSink:
     """Publishes to a :class:`failslow.stream.transport.Transport` (Kafka or in-process)."""
 
     def __init__(self, transport: Any) -> None:
         self.transport = transport
+        self._losses = 0
 
     def write(self, job: str, batch: Mapping[str, pa.Table]) -> None:
         self.transport.publish_batch(job, batch)
 
     def write_meta(self, meta: JobMeta) -> None:
         self.transport.publish_meta(meta)
+
+    def sync(self, timeout: float = 30.0) -> bool:
+        """Wait for the acknowledgement of everything published so far; False on timeout or
+        if any message since the previous sync was not queued or not delivered."""
+        flush = getattr(self.transport, "flush", None)
+        ok = bool(flush(timeout)) if flush is not None else True
+        stats = getattr(self.transport, "stats", None)
+        counts = stats() if stats is not None else {}
+        losses = int(counts.get("dropped", 0)) + int(counts.get("errors", 0))
+        ok = ok and losses == self._losses
+        self._losses = losses
+        return ok
 
     def close(self) -> None:
         self.transport.close()
@@ -177,8 +197,11 @@ class Agent:
                  degrees: Mapping[str, int] | None = None, microbatches: int = 0,
                  schedule: str = "unknown", remove_dead: bool = True,
                  sample_period_s: float = 1.0,
-                 rank_nodes: Mapping[int, str] | None = None) -> None:
+                 rank_nodes: Mapping[int, str] | None = None,
+                 inspector: InspectorFollower | None = None, ras: RasCollector | None = None,
+                 ) -> None:
         self.sink = sink
+        memory_order()  # refuses (RingError, one line) where ring reads would be unordered
         self.ring_dir = Path(ring_dir or get_settings().collector.ring_dir)
         self.job_filter = job
         self.node = node or socket.gethostname()
@@ -199,6 +222,13 @@ class Agent:
         self._pending: list[tuple[str, dict[str, pa.Table]]] = []
         self._last_sample = 0.0
         self.stats = {"records": 0, "rings_removed": 0, "dropped": 0, "sink_errors": 0}
+        #: a live NCCL Inspector dump directory (positions saved after acknowledgement)
+        self.inspector = inspector
+        self._inspector_saved = 0.0
+        #: seconds between saves of the Inspector positions (each waits for acknowledgements)
+        self.inspector_save_s = 1.0
+        #: the NCCL RAS client (hang evidence; see :mod:`failslow.collectors.ras`)
+        self.ras = ras
         enabled = {n: d for n, (_, d) in COLLECTORS.items()}
         enabled.update(collectors or {})
         self.collectors: list[NodeCollector] = []
@@ -336,10 +366,51 @@ class Agent:
             log.warning("sink error (kept %d batches for the next flush): %s",
                         len(self._pending), e)
 
+    def drain_inspector(self) -> int:
+        """New records of the followed Inspector files -> pending ``coll`` batches."""
+        f = self.inspector
+        if f is None:
+            return 0
+        before = f.stats["records"]
+        batch = f.poll()
+        job = f.job
+        nodes = self._nodes.setdefault(job, {})
+        if nodes != {**nodes, **f.nodes} or self._world.get(job, 0) < f.world:
+            self._meta_dirty.add(job)
+        nodes.update(f.nodes)
+        self._world[job] = max(self._world.get(job, 0), f.world)
+        per = self._comms.setdefault(job, {})
+        for cid, c in f.comms.items():
+            info = per.setdefault(cid, _CommInfo(c.kind, c.size))
+            if info.members != c.members:
+                info.members = dict(c.members)
+                self._meta_dirty.add(job)
+        if batch:
+            self._pending.append((job, batch))
+        return int(f.stats["records"] - before)
+
+    def _save_inspector(self, force: bool = False) -> None:
+        """Save the Inspector positions once everything read was acknowledged by the sink
+        (at most every ``inspector_save_s`` unless ``force``)."""
+        if self.inspector is None or not self.inspector.dirty or self._pending:
+            return
+        if not force and time.monotonic() - self._inspector_saved < self.inspector_save_s:
+            return
+        sync = getattr(self.sink, "sync", None)
+        if sync is not None and not sync():
+            self.stats["sink_errors"] += 1
+            log.warning("sink did not acknowledge every record: Inspector positions not saved")
+            return
+        self.inspector.commit()
+        self._inspector_saved = time.monotonic()
+
     def poll(self) -> int:
-        n = self.drain_rings()
+        n = self.drain_rings() + self.drain_inspector()
         self.sample_collectors()
+        if self.ras is not None:
+            self.ras.maybe_query()
         self.flush()
+        self._save_inspector()
         return n
 
     @property
@@ -348,28 +419,33 @@ class Agent:
 
     def close(self) -> None:
         self.drain_rings()
+        self.drain_inspector()
         self.flush()
+        self._save_inspector(force=True)
         for r in self._rings.values():
             r.reader.close()
         self._rings.clear()
         for c in self.collectors:
             c.close()
+        if self.ras is not None:
+            self.ras.close()
         self.sink.close()
 
 
 def run_agent(agent: Agent, *, interval_s: float = 0.1, duration_s: float | None = None,
               until_idle_s: float | None = None) -> None:
-    """Poll until ``duration_s`` passed, or no ring existed for ``until_idle_s`` seconds."""
+    """Poll until ``duration_s`` passed, or for ``until_idle_s`` seconds no ring existed
+    and nothing new was read."""
     t0 = time.monotonic()
     idle_since: float | None = None
     try:
         while True:
-            agent.poll()
+            n = agent.poll()
             now = time.monotonic()
             if duration_s is not None and now - t0 >= duration_s:
                 break
             if until_idle_s is not None:
-                if agent.rings:
+                if agent.rings or n:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = now
@@ -387,11 +463,27 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     else:
         from failslow.stream.kafka import KafkaTransport
 
-        sink = TransportSink(KafkaTransport(args.kafka or None, subscribe=()))
+        prefix = get_settings().kafka.topic_prefix if args.topic_prefix is None \
+            else args.topic_prefix
+        sink = TransportSink(KafkaTransport(args.kafka or None, subscribe=(),
+                                            topic_prefix=prefix))
     enabled = {n: n not in (args.disable or []) for n in COLLECTORS}
     degrees = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("dp", args.dp)) if v}
+    inspector = None
+    if args.inspector_dir:
+        from failslow.collectors.importers import sanitize_job
+
+        root = Path(args.inspector_dir)
+        if not root.is_dir():
+            raise ValueError(f"--inspector-dir {root}: no such directory")
+        inspector = InspectorFollower(root, args.job or sanitize_job(root.name, "nccl-inspector"),
+                                      args.inspector_state)
+    ras = None
+    if args.ras is not None:
+        ras = RasCollector(args.ras or None, interval_s=args.ras_interval)
     agent = Agent(sink, args.ring_dir, job=args.job, node=args.node, collectors=enabled,
-                  degrees=degrees, microbatches=args.microbatches, schedule=args.schedule)
+                  degrees=degrees, microbatches=args.microbatches, schedule=args.schedule,
+                  inspector=inspector, ras=ras)
     for st in agent.status.values():
         log.info("collector %s: %s", st.name,
                  "enabled" if st.available else f"no data ({st.reason or st.last_error})")
@@ -401,8 +493,13 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         run_agent(agent, interval_s=args.interval, duration_s=args.duration,
                   until_idle_s=args.until_idle)
     if args.json:
-        print(json.dumps({"stats": agent.stats,
-                          "collectors": {k: vars(v) for k, v in agent.status.items()}}))
+        out: dict[str, Any] = {"stats": agent.stats,
+                               "collectors": {k: vars(v) for k, v in agent.status.items()}}
+        if inspector is not None:
+            out["inspector"] = inspector.stats
+        if ras is not None:
+            out["ras"] = ras.snapshot()
+        print(json.dumps(out))
     return 0
 
 
@@ -413,6 +510,8 @@ def add_parser(subparsers: Any) -> None:
                    help="publish to Kafka (default servers: $FAILSLOW_KAFKA)")
     g.add_argument("--out", metavar="DIR", help="write a trace directory instead")
     p.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    p.add_argument("--topic-prefix", default=None, metavar="PREFIX",
+                   help="Kafka topic name prefix (default: $FAILSLOW_TOPIC_PREFIX)")
     p.add_argument("--ring-dir", default=None, help="ring directory ($FAILSLOW_RING_DIR)")
     p.add_argument("--job", default=None, help="only rings of this job")
     p.add_argument("--node", default=None, help="node name (default: host name)")
@@ -427,6 +526,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--until-idle", type=float, default=None,
                    help="stop once no ring has existed for this many seconds")
+    p.add_argument("--inspector-dir", metavar="DIR", default=None,
+                   help="follow a live NCCL Inspector dump directory (verbose records become "
+                        "coll rows; job: --job or the folder name)")
+    p.add_argument("--inspector-state", metavar="FILE", default=None,
+                   help="where the follow positions are saved (default: "
+                        "DIR/.failslow-follow.json)")
+    p.add_argument("--ras", nargs="?", const="", default=None, metavar="HOST:PORT",
+                   help="query NCCL RAS (JSON, NCCL 2.28.7+) for hang evidence (default "
+                        "address 127.0.0.1:28028)")
+    p.add_argument("--ras-interval", type=float, default=10.0, metavar="S",
+                   help="seconds between RAS queries (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="drain once and exit")
     p.add_argument("--json", action="store_true", help="print counters as JSON at exit")
     p.set_defaults(func=_cmd_agent)

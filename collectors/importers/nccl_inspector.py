@@ -99,6 +99,7 @@ _MAX_US = (2**63 - 1) // 1000
 UNTIMED_MISSING = (
     "no timestamps (event_trace_ts needs NCCL_INSPECTOR_DUMP_VERBOSE=1, and kernel events): "
     "these operations cannot be placed in time, so they have no coll rows")
+HELD_OUT = "held out: its process dropped records"
 UNTIMED_DETECTORS = (
     "hang and slow-down detection need enter/end times; iteration and change-point tracking "
     "need operation times; only per-rank exec-time and bandwidth statistics (rank_stats) are "
@@ -470,6 +471,20 @@ def _collective_seq(df: pd.DataFrame, result: ImportResult) -> np.ndarray:
     return seq.astype(np.uint64)
 
 
+def _hold_out_lossy(rd: _Reader, df: pd.DataFrame, result: ImportResult) -> pd.DataFrame:
+    """Operations of processes whose records the plugin dropped get no ``coll`` rows: their
+    gaps would read as rounds they never entered (a false straggler or hang) and stall the
+    job's iteration boundaries. They count as ranks without data (the engine's
+    ``unknown_ranks``: never named a root cause) and keep their ``rank_stats``."""
+    lossy = {p for p, _, _ in (*rd.marker_drops, *rd.header_drops)}
+    if not lossy:
+        return df
+    held = df["proc"].isin(lossy)
+    df = df.copy()
+    df.loc[held & (df["reason"] == ""), "reason"] = HELD_OUT
+    return df
+
+
 def convert(rd: _Reader, job: str, result: ImportResult) -> ImportResult:
     """Turn parsed records into the contract tables, meta and ``import.json`` info."""
     if not rd.cols["proc"]:
@@ -480,6 +495,7 @@ def convert(rd: _Reader, job: str, result: ImportResult) -> ImportResult:
     result.warn("duplicate records (same process, communicator, function and sequence "
                 "number) skipped", int(dup.sum()))
     df = df[~dup].reset_index(drop=True)
+    df = _hold_out_lossy(rd, df, result)
     rank_of, world, how = _global_ranks(rd, result)
     df["rank"] = df["proc"].map(rank_of).astype(np.int32)
     df["op"] = df["func"].map(OP_BY_FUNC)
@@ -491,7 +507,8 @@ def convert(rd: _Reader, job: str, result: ImportResult) -> ImportResult:
     known = df["op"].notna()
     timed = known & (df["reason"] == "")
     for reason, n in df.loc[known & ~timed, "reason"].value_counts().items():
-        result.warn(f"operations without timestamps, no coll rows: {reason}", int(n))
+        if reason != HELD_OUT:
+            result.warn(f"operations without timestamps, no coll rows: {reason}", int(n))
 
     names = {v: k for k, v in rd.comm_ids.items()}
     u64 = np.array([_comm_u64(names[c]) for c in range(len(names))], dtype=np.uint64)
@@ -575,14 +592,25 @@ def convert(rd: _Reader, job: str, result: ImportResult) -> ImportResult:
     if lossy:
         listed = ", ".join(f"{r} ({n})" for r, n in sorted(lossy.items())[:20])
         result.warn(f"Inspector dropped records (ring buffer overwritten before a dump) on "
-                    f"{len(lossy)} rank(s): {listed}; their operations are missing",
-                    sum(lossy.values()))
+                    f"{len(lossy)} rank(s): {listed}; their operations are held out (no coll "
+                    "rows; unknown to the detectors, never a root cause)", sum(lossy.values()))
     unobserved = sorted(set(range(world)) - set(rank_of.values()))
     if unobserved:
         result.warn(f"no Inspector output for {len(unobserved)} of {world} ranks: reported as "
                     "unknown", len(unobserved))
     result.info.update(_info(rd, df, timed, how, degrees_how, incomplete, lossy, unobserved,
                              rank_of))
+    untimed = df[known & ~timed & (df["reason"] != HELD_OUT)]
+    if len(untimed):
+        from failslow.collectors.importers.nccl_inspector_stats import stragglers
+
+        rings = {c: [rank_of[m[r]] for r in range(rd.sizes[c])]
+                 for c, m in rd.members.items() if len(m) == rd.sizes[c]}
+        peer = pd.Series([rank_of.get(rd.members[c].get(p, -1), -1) if p2p else -1
+                          for c, p, p2p in zip(untimed["comm"], untimed["peer"],
+                                               untimed["p2p"], strict=True)],
+                         index=untimed.index)
+        result.info["exec_time_stragglers"] = stragglers(untimed, rd.sizes, rings, nodes, peer)
     return result
 
 
@@ -598,7 +626,8 @@ def _info(rd: _Reader, df: pd.DataFrame, timed: pd.Series, how: str, degrees_how
             "exec_us_max": round(float(g["exec_us"].max()), 3),
             "busbw_gbs_p50": round(float(busbw.median()), 3) if len(busbw) else None,
         }
-    untimed = int((~timed).sum())
+    held = df["reason"] == HELD_OUT
+    untimed = int((~timed & ~held).sum())
     info: dict[str, Any] = {
         "source": SOURCE,
         "format_versions": sorted(rd.versions),
@@ -610,8 +639,15 @@ def _info(rd: _Reader, df: pd.DataFrame, timed: pd.Series, how: str, degrees_how
         "degrees": degrees_how,
         "comms_incomplete": incomplete,
         "operations": {"records": len(df), "placed_in_time": int(timed.sum()),
+                       "held_out": int(held.sum()),
                        "not_placed": untimed},
         "lossy_ranks": {str(r): n for r, n in sorted(lossy.items())},
+        "lossy_held_out": {
+            "operations": int(held.sum()),
+            "ranks": sorted({int(r) for r in df.loc[held, "rank"]}),
+            "why": "a rank with dropped records gets no coll rows: its gaps would read as "
+                   "rounds it never entered; the engine reports it among unknown_ranks, never "
+                   "as a root cause (rank_stats keep its exec times)"},
         "unobserved_ranks": unobserved,
         "seq_mapping": "collectives: rounds (function, coll_sn) of a communicator in call order "
                        "over clock-aligned start times, from 0; p2p: p2p_sn - 1 on a companion "

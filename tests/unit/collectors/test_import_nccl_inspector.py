@@ -16,7 +16,7 @@ import pytest
 
 from conftest import DATA
 from failslow import events
-from failslow.collectors.importers import INFO_FILE, stable_id
+from failslow.collectors.importers import INFO_FILE, ImportResult, stable_id
 from failslow.collectors.importers import nccl_inspector as ni
 from failslow.events import ContractError
 from failslow.simulator import simulate
@@ -75,7 +75,8 @@ def test_v40_verbose_rows_and_meta(tmp_path: Path) -> None:
     assert td.meta().world_size == 4
     info = json.loads((out / INFO_FILE).read_text())
     assert info["format_versions"] == ["v4.0"] and info["lossy_ranks"] == {}
-    assert info["operations"] == {"records": 14, "placed_in_time": 14, "not_placed": 0}
+    assert info["operations"] == {"records": 14, "placed_in_time": 14, "held_out": 0,
+                                  "not_placed": 0}
     assert "untimed" not in info and info["processes"]["2"] == "gpu-b/pid 201"
 
 
@@ -86,9 +87,12 @@ def test_v43_markers_loss_partial_line_and_untimed(tmp_path: Path) -> None:
     assert (meta.tp, meta.pp, meta.dp, meta.cp) == (1, 1, 2, 1)  # from "DP/TP Group" names
     assert {c.kind for c in meta.comms} == {"dp", "tp"}
     rows = _rows(result.tables["coll"])
-    # the non-verbose ReduceScatter and AllGather records have no rows; the broadcast follows
-    assert [(r["seq"], r["op"]) for r in rows if r["rank"] == 1 and r["phase"] == "enter"] == [
+    # the non-verbose ReduceScatter and AllGather records have no rows; the broadcast follows;
+    # rank 1 dropped records: its operations are held out (no rows, never a root cause)
+    assert [(r["seq"], r["op"]) for r in rows if r["rank"] == 0 and r["phase"] == "enter"] == [
         (0, "allreduce"), (1, "allreduce"), (2, "broadcast")]
+    assert not [r for r in rows if r["rank"] == 1]
+    assert info_held(result) == (3, [1])
     assert all(r["comm"] == 0xABCDEF0123456789 for r in rows)
     info = result.info
     assert info["layouts"] == ["dump_stats markers (v4.3)"]
@@ -100,16 +104,23 @@ def test_v43_markers_loss_partial_line_and_untimed(tmp_path: Path) -> None:
     assert info["operations"]["not_placed"] == 4
     assert "hang" in info["untimed"]["detectors_unavailable"]
     assert info["rank_stats"]["1"]["records"] == 5
-    assert info["rank_stats"]["1"]["placed_in_time"] == 3
+    assert info["rank_stats"]["1"]["placed_in_time"] == 0
+    assert info["rank_stats"]["0"]["placed_in_time"] == 3
     out = result.write(tmp_path / "t")
     assert json.loads((out / INFO_FILE).read_text())["lossy_ranks"] == {"1": 5}
+
+
+def info_held(result: ImportResult) -> tuple[int, list[int]]:
+    held = result.info["lossy_held_out"]
+    return held["operations"], held["ranks"]
 
 
 def test_non_verbose_gives_statistics_and_no_rows(tmp_path: Path) -> None:
     result = ni.import_dir(DATA / "v40_plain")
     assert result.tables["coll"].num_rows == 0
     info = result.info
-    assert info["operations"] == {"records": 6, "placed_in_time": 0, "not_placed": 6}
+    assert info["operations"] == {"records": 6, "placed_in_time": 0, "held_out": 0,
+                                  "not_placed": 6}
     assert "no timestamps" in info["untimed"]["missing"]
     assert info["rank_stats"]["1"]["busbw_gbs_p50"] == 250.0
     assert info["rank_stats"]["0"]["exec_us_max"] == 1002.0
