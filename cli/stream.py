@@ -124,6 +124,10 @@ def add_parser(subparsers: Any) -> None:
                     help="with the wall clock: how long a job may be silent (its partition "
                          "read to the end) before the silence counts as time passing "
                          "(default %(default)s)")
+    pr.add_argument("--retire-after", type=float, default=6 * 3600.0, metavar="SECONDS",
+                    help="let go of the detector state of a job without a message for this "
+                         "long; records that come later start it afresh (default "
+                         "%(default)s: 6 h)")
     pr.add_argument("--max-backoff", type=float, default=10.0, metavar="SECONDS",
                     help="longest pause between retries of a failing store (default "
                          "%(default)s)")
@@ -332,7 +336,8 @@ def cmd_process(args: argparse.Namespace) -> int:
             snapshot_interval_s=args.snapshot_interval, store_events=args.store_events,
             detect=args.detect, window_ns=int(args.window_ms * 1e6),
             max_backpressure_retries=None, max_backoff_s=args.max_backoff,
-            silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "")
+            silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "",
+            retire_after_s=args.retire_after)
     except ValueError as e:
         print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
         return 2

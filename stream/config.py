@@ -77,6 +77,10 @@ class ProcessorConfig:
     #: messages (and bytes) that may wait for their job's meta, per partition
     max_pending_messages: int = 10_000
     max_pending_bytes: int = 256 << 20
+    #: a job without a message this long is retired: its held windows are analysed, its
+    #: detector state is let go and its meta kept, so that new records start it afresh
+    #: (None: never; a processor that runs for weeks sees many jobs end)
+    retire_after_s: float | None = 6 * 3600.0
     #: re-raise analyzer failures instead of counting them
     strict: bool = False
     #: action costs of the job analyzer's mitigation planner, ``S2=5,S3=60,S4=1800``

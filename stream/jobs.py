@@ -94,6 +94,8 @@ class Jobs:
         self._grace_ns = int(config.silence_grace_s * 1e9)
         self._kinds = frozenset(config.analyzer_kinds)
         self._batch_rows = 0  # rows added since the last run_batches
+        #: retired jobs: their meta and partition (:meth:`retire_idle`)
+        self.retired: dict[str, tuple[JobMeta, int]] = {}
 
     def _merger(self) -> Coalescer:
         return Coalescer(self._window_ns, self.config.min_batch_rows)
@@ -111,9 +113,42 @@ class Jobs:
         self.stats.jobs = len(self.states)
         return st
 
+    def retire_idle(self) -> list[str]:
+        """Retire the jobs without a message for ``retire_after_s``: their merged windows
+        are analysed and collected, then their state is let go (a job that ended, or a hung
+        one already reported, holds no memory for ever); their meta is kept, so records
+        that come later start the job afresh (:meth:`revive`)."""
+        limit = self.config.retire_after_s
+        if limit is None:
+            return []
+        now = time.monotonic_ns()
+        gone = [job for job, st in self.states.items()
+                if now - st.seen > limit * 1e9 and not st.held_rows]
+        for job in gone:
+            st = self.states[job]
+            self.flush(job, st)
+            self.retired[job] = (st.meta, st.partition)
+            del self.states[job]
+            log.info("job %s: no message for %.0f s, its detector state is let go", job,
+                     limit)
+        self.stats.jobs = len(self.states)
+        self.stats.jobs_retired += len(gone)
+        return gone
+
+    def revive(self, job: str) -> bool:
+        """Start a retired job afresh (its records came back); False: not retired."""
+        retired = self.retired.pop(job, None)
+        if retired is None:
+            return False
+        self.create(*retired)
+        log.info("job %s: records again after it was retired; detection starts afresh", job)
+        return True
+
     def drop_partition(self, number: int) -> None:
         for job in [j for j, st in self.states.items() if st.partition == number]:
             del self.states[job]
+        for job in [j for j, (_, p) in self.retired.items() if p == number]:
+            del self.retired[job]
         self.stats.jobs = len(self.states)
 
     # ----------------------------------------------------------------------------- input

@@ -105,6 +105,8 @@ class ProcessorCollector(Collector):
         yield _counter("replayed_cuts_total", "Logged cuts re-cut after a restart.",
                        stats.replayed_cuts)
         yield _gauge("jobs", "Jobs with detector state in this processor.", stats.jobs)
+        yield _counter("jobs_retired_total", "Silent jobs whose detector state was let go.",
+                       stats.jobs_retired)
         yield _gauge("pending_messages", "Messages waiting for their job's meta.",
                      stats.pending_messages)
         yield _labelled("busy_seconds_total", "Processing time per phase.", "phase",

@@ -219,6 +219,7 @@ class StreamProcessor:
         self._jobs.run_batches()
         self._check_cut_timeouts()
         self._jobs.tick_all()
+        self._jobs.retire_idle()
         if self._checkpoint_due():
             self.checkpoint()
         if self.state is not None and self._snapshot_due():
@@ -535,7 +536,7 @@ class StreamProcessor:
             part.rows += table.num_rows
         if kind == "meta":
             self._on_meta(message, table, part)
-        elif message.key in self._jobs:
+        elif message.key in self._jobs or self._jobs.revive(message.key):
             self._jobs.add(message.key, kind, table, watermark(message),
                            post_mortem_end(message))
         else:
@@ -574,6 +575,7 @@ class StreamProcessor:
             if meta.job in self._jobs:
                 self._jobs.states[meta.job].meta = meta  # a newer description; topology kept
                 continue
+            self._jobs.retired.pop(meta.job, None)  # described again: a fresh start
             try:
                 self._jobs.create(meta, part.number)
             except Exception as e:

@@ -32,6 +32,7 @@ class ProcessorStats:
     paused: int = 0  # 1 while consumption is paused for the sink
     paused_seconds: float = 0.0
     jobs: int = 0
+    jobs_retired: int = 0  # silent jobs whose detector state was let go
     pending_messages: int = 0  # waiting for their job's meta
     snapshots: int = 0
     snapshot_bytes: int = 0

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ class Trace:
     rows: dict[str, int]
     expected: list[dict[str, Any]]  # failslow analyze's anomalies
     iterations: dict[str, Any] | None
-    diagnosis: dict[str, Any]  # failslow analyze's whole diagnosis
+    diagnosis: dict[str, Any] = field(default_factory=dict)  # failslow analyze's diagnosis
 
 
 @pytest.fixture(scope="module")

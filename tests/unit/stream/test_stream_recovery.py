@@ -270,3 +270,30 @@ def test_kinds_consumed_out_of_order_are_analysed_in_time_order() -> None:
     assert len(ranges) >= 5
     for (_, hi), (lo, _) in zip(ranges, ranges[1:], strict=False):
         assert hi <= lo  # never a later window before an earlier one
+
+
+def test_silent_jobs_are_retired_and_revived_afresh() -> None:
+    """A processor that runs for weeks sees jobs end: a job without a message for
+    ``retire_after_s`` lets its detector state go (its held windows analysed first); records
+    that come later start it afresh from its kept meta."""
+    bus = InProcessTransport()
+    bus.publish_meta(synth.meta())
+    coll = synth.coll(iterations=6)
+    _publish(bus, coll, 0, 3)
+    made: dict[str, list[synth.FakeAnalyzer]] = {}
+    proc = StreamProcessor(bus, MemorySink(), ProcessorConfig(clock="event", retire_after_s=0.05,
+                                                             analyzer_kinds=("coll",)),
+                           analyzer_factory=_factory(made))
+    proc.run()
+    first = made[JOB][0]
+    assert sum(b["coll"].num_rows for b in first.batches) > 0  # analysed before retiring
+    for _ in range(200):  # polls until the job has been silent long enough
+        proc.step(timeout=0.01)
+        if proc.stats.jobs_retired:
+            break
+    assert proc.stats.jobs_retired == 1 and proc.stats.jobs == 0
+    assert proc.snapshot()["jobs"] == {}  # no state kept for it
+    _publish(bus, coll, 3, 6)  # the job comes back, without a new meta
+    proc.run()
+    assert len(made[JOB]) == 2 and proc.stats.jobs == 1  # started afresh
+    assert sum(b["coll"].num_rows for b in made[JOB][1].batches) > 0
