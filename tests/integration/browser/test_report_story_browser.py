@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED
 from failslow import cli
 from failslow.diagnosis import Diagnosis
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FR = Path("/work/shared/data/flight-recorder/gpu_error_1st")
+FR = SHARED / "data" / "flight-recorder" / "gpu_error_1st"
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists() and not os.environ.get("CI"),

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import coll_row
+from conftest import SHARED, coll_row
 from failslow.cli.app import build_parser
 from failslow.tracedir import TraceDir
 
-DATA = Path("/work/shared/data")
+DATA = SHARED / "data"
 SA = DATA / "straggler-analysis"
 FR = DATA / "flight-recorder" / "gpu_error_1st"
 
