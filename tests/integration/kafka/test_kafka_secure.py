@@ -218,3 +218,24 @@ def test_wrong_password_or_untrusted_certificate_fails_fast_in_one_line(
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, out.stderr
         assert secure["FAILSLOW_KAFKA"] in lines[0]
+
+
+def test_live_simulation_over_sasl_ssl(secure: dict[str, str], tmp_path: Path) -> None:
+    """``failslow simulate --live`` publishes through the same secured clients: its rows
+    reach the SASL_SSL listener (read back by ``failslow process``)."""
+    import json
+
+    prefix = f"live-{uuid.uuid4().hex[:6]}."
+    env = _env(secure, FAILSLOW_TOPIC_PREFIX=prefix, FAILSLOW_DATA_DIR=str(tmp_path))
+    password = Path(secure["FAILSLOW_KAFKA_SASL_PASSWORD_FILE"]).read_text().strip()
+    out = _cli(env, "simulate", "--live", "--job", "live-sec", "--duration", "6s",
+               "--first-fault", "1h", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert password not in out.stdout + out.stderr
+    stats = tmp_path / "stats.json"
+    out = _cli(env, "process", "--exit-when-idle", "6", "--metrics-port", "-1",
+               "--group", "g-" + prefix, "--stats-json", str(stats))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(stats.read_text())["rows"].get("coll", 0) > 1000
+    out = _cli(env, "query", "jobs", "--json")
+    assert out.returncode == 0 and "live-sec" in out.stdout, out.stdout + out.stderr
