@@ -15,15 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow import events
 from failslow.bench.collector import count_syscalls
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
-    NativeBuildError,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -32,15 +30,6 @@ pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is Non
 
 LIB = "libfailslow_nccl.so"
 OP = events.OP
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow import events
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
-    NativeBuildError,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -33,15 +31,6 @@ PLUGIN = "libnccl-profiler-failslow.so"
 # NCCL profiler event-type bits (profiler_abi.h)
 COLL, P2P, PROXY_OP, PROXY_STEP, KERNEL_CH, NET = 1 << 1, 1 << 2, 1 << 3, 1 << 4, 1 << 6, 1 << 7
 COLL_API, P2P_API = 1 << 9, 1 << 10
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow import events
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
-    NativeBuildError,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -32,15 +30,6 @@ pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is Non
 PLUGIN = "libnccl-profiler-failslow.so"
 COLL_API, CE_COLL, CE_SYNC, CE_BATCH, KERNEL_PHASE = 1 << 9, 1 << 12, 1 << 13, 1 << 14, 1 << 15
 KERNEL_CH = 1 << 6
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 def _run(build: Path, version: int, scenario: str, ring_dir: Path,

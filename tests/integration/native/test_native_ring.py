@@ -15,28 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow import events
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
-    NativeBuildError,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
                                 reason="gcc (C compiler) not installed: native collectors "
                                        "cannot be built")
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module", params=["", "asan", "tsan"], ids=["O2", "asan", "tsan"])

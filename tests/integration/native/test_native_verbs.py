@@ -19,14 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow import events
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
-    NativeBuildError,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -39,15 +37,6 @@ DEV0_A = ("mlx5_0", 40, 40, 40000, 40000, 0)
 DEV0_B = ("mlx5_0", 48, 40, 40000, 48000, 0)
 DEV0_C = ("mlx5_0", 48, 48, 48000, 48000, 3)
 DEV1_D = ("mlx5_1", 400, 400, 40000, 40000, 0)
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 def _run_driver(build: Path, ring_dir: Path, san: str, **extra: str) -> np.ndarray:

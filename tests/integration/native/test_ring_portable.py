@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.native import build_or_skip as _build
 
 from failslow.collectors import ring
 from failslow.collectors.native_build import (
     NativeBuildError,
     build_native,
-    build_native_cached,
     driver_env,
-    sanitizer_runtime,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
@@ -41,15 +40,6 @@ needs_qemu = pytest.mark.skipif(
     shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None or not SYSROOT.is_dir(),
     reason="qemu-user and gcc-aarch64-linux-gnu not installed (Debian: apt-get install "
            "qemu-user gcc-aarch64-linux-gnu; infra/test.sh installs them)")
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, san: str) -> Path:
-    if san and sanitizer_runtime(san) is None:
-        pytest.skip(f"{san} runtime library not installed")
-    try:
-        return build_native_cached(tmp_path_factory.getbasetemp() / "native", san)
-    except NativeBuildError as e:
-        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
