@@ -1,4 +1,12 @@
-"""The failslow event contract, version 1 (shared/spec/events.md), in code.
+"""The failslow event contract (shared/spec/events.md), in code.
+
+Version 1 is shared/spec/events.md. Version 2 adds two optional record kinds, by the spec's
+rule (add, never rename or re-type; keep reading version 1), documented in
+``docs/events-v2.md``:
+
+* ``ras``: one row per NCCL RAS finding (a rank missing, behind, inconsistent or stalled);
+* ``probe``: one row per active validation probe (GEMM timing, point-to-point transfer,
+  zero-payload round trip) and its outcome.
 
 This module is the only place that knows the record kinds and their columns. Every
 producer (simulator, collectors, importers) and consumer (detectors, stream processor,
@@ -20,9 +28,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-VERSION = 1
+VERSION = 2
+#: Contract versions a consumer accepts (a version-1 record is a valid version-2 record).
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 
-KINDS: tuple[str, ...] = ("meta", "coll", "progress", "link", "gpu", "span")
+KINDS: tuple[str, ...] = ("meta", "coll", "progress", "link", "gpu", "span", "ras", "probe")
+#: Kinds added after version 1, with the version that added them.
+ADDED_IN: dict[str, int] = {"ras": 2, "probe": 2}
 
 #: Records of one job, by kind (``coll``, ``progress``, ``link``, ``gpu``, ``span``); each
 #: table conforms to ``SCHEMAS[kind]``. Kinds with no new rows may be absent. What a replay
@@ -39,6 +51,12 @@ SPAN_OPS: tuple[str, ...] = (
 )
 SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved", "unknown")
 COMM_KINDS: tuple[str, ...] = ("tp", "pp", "dp", "cp", "ep", "world", "other")
+#: ``ras.finding``: what a RAS report says about a rank (collectors/ras.py).
+RAS_FINDINGS: tuple[str, ...] = ("missing", "behind", "inconsistent", "stalled")
+#: ``probe.probe``: the kind of active validation (issue 17).
+PROBE_KINDS: tuple[str, ...] = ("gemm", "p2p", "rtt")
+#: ``probe.status``: how the probe ended.
+PROBE_STATUSES: tuple[str, ...] = ("ok", "timeout", "failed", "skipped")
 
 # Integer codes for the enumerated columns (index in the tuples above).
 OP = {name: code for code, name in enumerate(COLL_OPS)}
@@ -93,6 +111,20 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("microbatch", pa.int32()), _f("chunk", pa.int32()), _f("op", pa.string()),
         _f("t_start", pa.int64()), _f("t_end", pa.int64()),
     ]),
+    "ras": pa.schema([
+        _f("job", pa.string()), _f("t", pa.int64()), _f("node", pa.string()),
+        _f("comm", pa.uint64()), _f("comm_size", pa.int32()), _f("rank", pa.int32()),
+        _f("finding", pa.string()), _f("function", pa.string(), True),
+        _f("count", pa.uint64(), True), _f("expected", pa.uint64(), True),
+    ]),
+    "probe": pa.schema([
+        _f("job", pa.string()), _f("t", pa.int64()), _f("node", pa.string()),
+        _f("request", pa.string()), _f("probe", pa.string()), _f("rank", pa.int32()),
+        _f("peer", pa.int32(), True), _f("status", pa.string()),
+        _f("duration_ns", pa.int64()), _f("elapsed_ns", pa.int64(), True),
+        _f("bytes", pa.uint64(), True), _f("baseline_ns", pa.int64(), True),
+        _f("detail", pa.string(), True),
+    ]),
 }
 
 #: Columns whose string values must come from a closed set.
@@ -100,6 +132,8 @@ ENUMS: dict[str, dict[str, tuple[str, ...]]] = {
     "meta": {"schedule": SCHEDULES},
     "coll": {"op": COLL_OPS, "phase": PHASES},
     "span": {"op": SPAN_OPS},
+    "ras": {"finding": RAS_FINDINGS},
+    "probe": {"probe": PROBE_KINDS, "status": PROBE_STATUSES},
 }
 
 #: Enumerated columns turned into integer codes by :func:`to_columns`.
@@ -227,7 +261,8 @@ def _check_values(table: pa.Table, kind: str, source: str, row_offset: int) -> N
             raise ContractError(f"invalid job id {job[bad].as_py()!r} "
                                 "(1-64 characters of A-Z a-z 0-9 . _ -)",
                                 source=source, row=row_offset + bad, column="job")
-    for column in ("rank", "comm_rank", "gpu"):
+    non_negative = ("rank", "comm_rank", "gpu") + (("peer",) if kind == "probe" else ())
+    for column in non_negative:
         if column in table.schema.names and table.num_rows:
             negative = pc.fill_null(pc.less(table.column(column), 0), False)
             bad = _first_true(negative)

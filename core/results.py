@@ -195,6 +195,11 @@ EVENT_TABLES: tuple[TableSpec, ...] = (
                  names=frozenset({"job", "node"})),
     _event_table("span", ("job", "rank", "step", "microbatch", "chunk", "op", "t_start"),
                  "framework spans"),
+    _event_table("ras", ("job", "t", "comm", "rank", "finding"), "NCCL RAS findings (contract v2)",
+                 names=frozenset({"job", "node", "function"})),
+    _event_table("probe", ("job", "request", "rank", "t"),
+                 "active validation probes and their outcome (contract v2)",
+                 names=frozenset({"job", "node", "request"})),
 )
 
 #: What failslow produces: detector results, reports, advice and summaries.
@@ -287,10 +292,11 @@ TABLES: tuple[TableSpec, ...] = EVENT_TABLES + OUTPUT_TABLES + PROCESSOR_TABLES
 #: :data:`TABLES` changes and say what changed in :data:`SCHEMA_CHANGES`: a processor adds
 #: the tables and columns an older store lacks and refuses a store whose columns differ
 #: (infra/clickhouse/MIGRATIONS.md says what to do then).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA_CHANGES: dict[int, str] = {
     1: "the tables of the first releases (their comments carry no version)",
     2: "the schema version in every table's comment",
+    3: "event contract v2: the ras and probe tables",
 }
 SPECS: dict[str, TableSpec] = {t.name: t for t in TABLES}
 #: Arrow schemas of the tables failslow writes (not the raw events: failslow.events.SCHEMAS).

@@ -112,6 +112,9 @@ def encode(kind: str, table: pa.Table, compression: str | None = None) -> bytes:
     return bytes(sink.getvalue())
 
 
+_READABLE = tuple(str(v) for v in events.READABLE_VERSIONS)
+
+
 def event_headers(kind: str) -> dict[str, str]:
     return {H_VERSION: str(events.VERSION), H_KIND: kind, H_CONTENT_TYPE: ARROW_STREAM}
 
@@ -123,9 +126,9 @@ def decode(message: Message) -> tuple[str, pa.Table]:
         raise DecodeError("unknown_kind", f"topic {message.topic!r} carries no known record "
                                           f"kind (expected one of {', '.join(EVENT_TOPICS)})")
     version = message.headers.get(H_VERSION)
-    if version != str(events.VERSION):
+    if version not in _READABLE:
         raise DecodeError("schema_version", f"schema version {version!r} is not supported "
-                                            f"(expected {events.VERSION})")
+                                            f"(expected one of {', '.join(_READABLE)})")
     header_kind = message.headers.get(H_KIND, kind)
     if header_kind != kind:
         raise DecodeError("unknown_kind", f"kind header {header_kind!r} does not match "

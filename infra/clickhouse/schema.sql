@@ -1,4 +1,4 @@
--- failslow ClickHouse schema (event contract v1).
+-- failslow ClickHouse schema (event contract v2).
 -- Generated from failslow.results by `failslow schema FILE`;
 -- do not edit by hand.
 
@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS `failslow`.`meta`
 ENGINE = ReplacingMergeTree(t)
 ORDER BY (job)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'job descriptions; the row with the largest t wins [failslow schema v2]';
+COMMENT 'job descriptions; the row with the largest t wins [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`coll`
 (
@@ -49,7 +49,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, comm, seq, rank, phase)
 TTL ingested_at + INTERVAL 14 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'collective and point-to-point operations, enter and end rows [failslow schema v2]';
+COMMENT 'collective and point-to-point operations, enter and end rows [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`progress`
 (
@@ -68,7 +68,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, comm, seq, rank, t)
 TTL ingested_at + INTERVAL 14 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'in-flight progress samples [failslow schema v2]';
+COMMENT 'in-flight progress samples [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`link`
 (
@@ -89,7 +89,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, node, device, peer_node, rank, t)
 TTL ingested_at + INTERVAL 14 DAY
 SETTINGS non_replicated_deduplication_window = 10000, allow_nullable_key = 1
-COMMENT 'RDMA work-request counters [failslow schema v2]';
+COMMENT 'RDMA work-request counters [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`gpu`
 (
@@ -112,7 +112,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
 ORDER BY (job, node, gpu, t)
 TTL ingested_at + INTERVAL 14 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'device samples [failslow schema v2]';
+COMMENT 'device samples [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`span`
 (
@@ -131,7 +131,54 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t_start), 'UTC')
 ORDER BY (job, rank, step, microbatch, chunk, op, t_start)
 TTL ingested_at + INTERVAL 14 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'framework spans [failslow schema v2]';
+COMMENT 'framework spans [failslow schema v3]';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`ras`
+(
+    `job`         LowCardinality(String),
+    `t`           Int64 CODEC(Delta, ZSTD(1)),
+    `node`        LowCardinality(String),
+    `comm`        UInt64,
+    `comm_size`   Int32 CODEC(T64, ZSTD(1)),
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `finding`     LowCardinality(String),
+    `function`    LowCardinality(Nullable(String)),
+    `count`       Nullable(UInt64),
+    `expected`    Nullable(UInt64),
+    `time`        DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
+ORDER BY (job, t, comm, rank, finding)
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'NCCL RAS findings (contract v2) [failslow schema v3]';
+
+CREATE TABLE IF NOT EXISTS `failslow`.`probe`
+(
+    `job`         LowCardinality(String),
+    `t`           Int64 CODEC(Delta, ZSTD(1)),
+    `node`        LowCardinality(String),
+    `request`     LowCardinality(String),
+    `probe`       LowCardinality(String),
+    `rank`        Int32 CODEC(T64, ZSTD(1)),
+    `peer`        Nullable(Int32),
+    `status`      LowCardinality(String),
+    `duration_ns` Int64 CODEC(T64, ZSTD(1)),
+    `elapsed_ns`  Nullable(Int64),
+    `bytes`       Nullable(UInt64) CODEC(T64, ZSTD(1)),
+    `baseline_ns` Nullable(Int64),
+    `detail`      Nullable(String),
+    `time`        DateTime64(9) ALIAS fromUnixTimestamp64Nano(t),
+    `ingested_at` DateTime DEFAULT now() CODEC(Delta, ZSTD(1))
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(fromUnixTimestamp64Nano(t), 'UTC')
+ORDER BY (job, request, rank, t)
+TTL ingested_at + INTERVAL 14 DAY
+SETTINGS non_replicated_deduplication_window = 10000
+COMMENT 'active validation probes and their outcome (contract v2) [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`rounds`
 (
@@ -154,7 +201,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t_first_enter), 'UTC')
 ORDER BY (job, comm, seq, t_first_enter, last_rank)
 TTL ingested_at + INTERVAL 90 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'completed rounds (derived by the detectors) [failslow schema v2]';
+COMMENT 'completed rounds (derived by the detectors) [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`iterations`
 (
@@ -171,7 +218,7 @@ PARTITION BY toDate(fromUnixTimestamp64Nano(t_start), 'UTC')
 ORDER BY (job, rank, iteration)
 TTL ingested_at + INTERVAL 90 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'training iterations per rank, rank -1 = the job (derived) [failslow schema v2]';
+COMMENT 'training iterations per rank, rank -1 = the job (derived) [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`anomalies`
 (
@@ -198,7 +245,7 @@ CREATE TABLE IF NOT EXISTS `failslow`.`anomalies`
 ENGINE = ReplacingMergeTree(version)
 ORDER BY (job, id)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'one row per anomaly report; the largest version of (job, id) wins [failslow schema v2]';
+COMMENT 'one row per anomaly report; the largest version of (job, id) wins [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`advice`
 (
@@ -225,7 +272,7 @@ CREATE TABLE IF NOT EXISTS `failslow`.`advice`
 ENGINE = ReplacingMergeTree(t_ns)
 ORDER BY (job, advice_id)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'mitigation advice (Greyhound ski-rental planner): one row per decision, advice_id = anomaly/strategy/action [failslow schema v2]';
+COMMENT 'mitigation advice (Greyhound ski-rental planner): one row per decision, advice_id = anomaly/strategy/action [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`whatif`
 (
@@ -240,7 +287,7 @@ CREATE TABLE IF NOT EXISTS `failslow`.`whatif`
 ENGINE = ReplacingMergeTree(computed_ns)
 ORDER BY (job, step)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'what-if results (diagnosis.md whatif) of the recent steps of a job [failslow schema v2]';
+COMMENT 'what-if results (diagnosis.md whatif) of the recent steps of a job [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`diagnoses`
 (
@@ -254,7 +301,7 @@ CREATE TABLE IF NOT EXISTS `failslow`.`diagnoses`
 ENGINE = ReplacingMergeTree(version)
 ORDER BY (job)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'per job: the iterations summary of its diagnosis; the latest version wins [failslow schema v2]';
+COMMENT 'per job: the iterations summary of its diagnosis; the latest version wins [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`processor_cuts`
 (
@@ -269,7 +316,7 @@ ENGINE = ReplacingMergeTree
 ORDER BY (consumer_group, partition_id, seq)
 TTL ingested_at + INTERVAL 7 DAY
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'stream processor: input offset ranges of each sink write, logged before it [failslow schema v2]';
+COMMENT 'stream processor: input offset ranges of each sink write, logged before it [failslow schema v3]';
 
 CREATE TABLE IF NOT EXISTS `failslow`.`processor_snapshots`
 (
@@ -284,4 +331,4 @@ CREATE TABLE IF NOT EXISTS `failslow`.`processor_snapshots`
 ENGINE = ReplacingMergeTree(created_ns)
 ORDER BY (consumer_group, partition_id)
 SETTINGS non_replicated_deduplication_window = 10000
-COMMENT 'stream processor: detector state of the jobs of a partition and its offsets [failslow schema v2]';
+COMMENT 'stream processor: detector state of the jobs of a partition and its offsets [failslow schema v3]';

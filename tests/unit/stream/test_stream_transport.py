@@ -95,7 +95,7 @@ def test_unknown_kind_and_kind_header_mismatch() -> None:
     assert e.value.reason_class == "unknown_kind"
 
 
-@pytest.mark.parametrize("version", ["2", "", None])
+@pytest.mark.parametrize("version", ["3", "0", "", None])
 def test_schema_version_header_is_checked(version: str | None) -> None:
     headers = tr.event_headers("coll")
     if version is None:
@@ -107,6 +107,17 @@ def test_schema_version_header_is_checked(version: str | None) -> None:
     with pytest.raises(DecodeError) as e:
         tr.decode(msg)
     assert e.value.reason_class == "schema_version"
+
+
+def test_version_1_messages_are_still_read() -> None:
+    """Contract v2 only adds kinds: a producer still on v1 is read as before."""
+    headers = tr.event_headers("coll")
+    assert headers[tr.H_VERSION] == "2"
+    headers[tr.H_VERSION] = "1"
+    table = synth.coll(iterations=1)
+    msg = Message("failslow.coll", "synth-1", tr.encode("coll", table), headers)
+    kind, decoded = tr.decode(msg)
+    assert kind == "coll" and decoded.num_rows == table.num_rows
 
 
 def test_key_must_be_the_rows_job() -> None:
