@@ -21,12 +21,15 @@ def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False)
     Ranks are laid out with one dimension varying fastest; we try Megatron's default
     order (tp, cp, dp, pp) first, then the other orders, and take the first under which the
     members differ in exactly one dimension and cover it. A communicator of the whole world
-    is ``world``; point-to-point-only communicators that fit no layout are ``pp``.
+    is that dimension's when only one dimension is parallel (pure data parallelism: the
+    gradient sync), else ``world``; point-to-point-only communicators that fit no layout are
+    ``pp``.
     """
     n = len(ranks)
-    if n == meta.world_size and n > 1:
-        return "world"
     degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
+    if n == meta.world_size and n > 1:
+        only = [d for d, k in degrees.items() if k > 1]
+        return only[0] if len(only) == 1 and (only[0] != "pp" or p2p_only) else "world"
     arr = np.asarray(ranks, dtype=np.int64)
     orders = [_DIMS, *[o for o in itertools.permutations(_DIMS) if o != _DIMS]]
     for order in orders:

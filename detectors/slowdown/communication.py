@@ -206,12 +206,14 @@ def link_occupancy(stats: BinnedStats, config: SlowdownConfig, win: Window,
 
 def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
               slow: list[dict[str, Any]]
-              ) -> tuple[list[int] | None, list[str], int, dict[tuple[str, str], float] | None]:
+              ) -> tuple[list[int] | None, list[str], int, dict[tuple[str, str], float] | None,
+                         list[list[int]]]:
     """The slow link (Greyhound §4.3, ring-neighbour analysis): among the node pairs
     crossed by the slow groups' edges (point-to-point pairs, ring neighbours of
     collectives), those with the largest total impact; ties (every hop of a slow ring
     crosses a node pair) are broken by the queue pairs' occupancy when ``link`` rows
-    exist (:func:`link_occupancy`), else by the lowest pair. Reported as two ranks at
+    exist (:func:`link_occupancy`); without them the link is unknown: ``None`` and the
+    candidate hops (two ranks each; an active probe can tell them apart). Reported as two ranks at
     its ends: an edge of a slow group when one crosses it, a pipeline pair if pipeline
     traffic crosses it (lower stage first), else a ring edge (DP, then TP, then CP),
     lowest rank first; with its communicator."""
@@ -231,10 +233,17 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
                     score[(node(a), node(b))] = score.get((node(a), node(b)), 0.0) \
                         + g["impact"]
     if not score:
-        return None, [], int(slow[0]["cidx"]) if slow else -1, None
+        return None, [], int(slow[0]["cidx"]) if slow else -1, None, []
     best = max(score.values())
     tied: list[tuple[str, str]] = sorted(k for k, v in score.items() if v >= best * 0.999)
     occ = link_occupancy(stats, config, win, tied) if len(tied) > 1 else {}
+    if len(tied) > 1 and not occ:
+        # every hop of one slow ring crosses a node pair and nothing tells them apart
+        # (no queue-pair telemetry): the link is unknown, one of these hops; naming the
+        # lowest would send the network team to a cable chosen by convention
+        cands = [_link_pair(stats, config, win, na, nb, slow)[0] for na, nb in tied]
+        cidx = int(slow[0]["cidx"]) if slow else -1
+        return None, [], cidx, {k: 0.0 for k in tied}, [p for p in cands if p]
 
     def preference(k: tuple[str, str]) -> tuple[float, tuple[str, str]]:
         return -occ.get(k, 0.0), k
@@ -244,7 +253,7 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
     pair, cidx = _link_pair(stats, config, win, nodes[0], nodes[1], slow)
     if cidx < 0 and slow:
         cidx = int(slow[0]["cidx"])
-    return pair, list(nodes), cidx, occ
+    return pair, list(nodes), cidx, occ, []
 
 
 def edges_of(g: dict[str, Any]) -> list[tuple[int, int]]:

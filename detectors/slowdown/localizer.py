@@ -109,26 +109,35 @@ class Localizer:
         link = None
         nodes: list[str] = []
         rp_cidx = -1
+        candidates: list[list[int]] = []
         if comm_evidence:
-            link, nodes, rp_cidx, occupancy = find_link(stats, c, win, slow)
+            link, nodes, rp_cidx, occupancy, candidates = find_link(stats, c, win, slow)
             if occupancy is not None:
                 self.evidence["occupancy"] = occupancy
         # mixed (CCL-D S3) is a slow rank whose own link is slow too: it is an end of the
         # link, or of a slow edge over the link's node pair
-        on_link = cause == "mixed" and _on_link(stats, roots, link, nodes, slow)
+        on_link = cause == "mixed" and (
+            _on_link(stats, roots, link, nodes, slow)
+            or any(set(roots) & set(p) for p in candidates))
         if cause == "mixed" and not on_link and all(g["own"] for g in slow):
             # the roots' own slow transfers were kept however little time they cost: not
             # over the slow link, they are no fault of their own
             cause, comm_evidence, slow = "compute", False, []
-            link, nodes, rp_cidx = None, [], -1
+            link, nodes, rp_cidx, candidates = None, [], -1, []
             out["cause"] = cause
         out["link"] = link
-        ranks = (sorted(link) if link else []) if cause == "communication" else sorted(roots)
+        if candidates:
+            out["link_candidates"] = candidates
+        # an unknown link: the ends of its candidate hops are the smallest set explaining it
+        ends = sorted(link) if link else sorted({r for p in candidates for r in p})
+        ranks = ends if cause == "communication" else sorted(roots)
         out["ranks"] = [int(r) for r in ranks]
         sig_ranks = [int(r) for r in roots] if cause != "communication" else []
         # the link's identity: its node pair when it joins two nodes, else (all ranks on one
         # host, or node names unknown) its two ranks
         ident = sorted(nodes) if len(set(nodes)) == 2 else [str(r) for r in sorted(link or [])]
+        if candidates and not ident:
+            ident = sorted("-".join(sorted(map(str, p))) for p in candidates)
         out["signature"] = [cause != "compute", ident, sig_ranks]
         out["groups"] = [[int(g["cidx"]), int(g["group"])] for g in slow]
         # compute roots none of which is on the slow link are a fault of their own next

@@ -158,3 +158,24 @@ def test_split_anomalies_survive_snapshot_and_restore(tmp_path: Path) -> None:
     assert sorted({(a["id"], a["cause"]) for a in once}) == [
         ("slow-0", "compute"), ("slow-1", "communication")]
     assert run(3) == once
+
+
+def test_slow_ring_hop_without_queue_telemetry_is_an_unknown_link(tmp_path: Path) -> None:
+    """One hop (7 -> 8) of a 16-rank DP ring over four nodes is 4x slower and no ``link``
+    rows exist: every cross-node hop of the ring is slowed alike in the collective timings,
+    so nothing tells the slow one apart. The anomaly is found on the DP sync with its link
+    unknown (``null``) and the candidate hops listed (an active probe can tell them apart),
+    instead of a hop chosen by convention."""
+    spec = hg.Spec(tp=1, pp=1, dp=16, microbatches=1, gpus_per_node=4, iterations=30,
+                   dp_bytes=512 << 20, link_rows=False, seed=7,
+                   faults=[hg.Fault("communication", 7, peer=8, start=12, end=24, factor=4.0)])
+    _, found = _run(spec, tmp_path / "ring")
+    assert [(a["kind"], a["cause"], a["link"], a["stage"]) for a in found] == [
+        ("slow", "communication", None, "dp_sync")]
+    cands = [sorted(p) for p in found[0]["link_candidates"]]
+    assert [7, 8] in cands and len(cands) == 4
+    assert sorted({r for p in cands for r in p}) == found[0]["ranks"]
+    with_rows = dataclasses.replace(spec, link_rows=True)
+    _, named = _run(with_rows, tmp_path / "rows")
+    assert [sorted(a["link"] or []) for a in named] == [[7, 8]]
+    assert "link_candidates" not in named[0]
