@@ -98,6 +98,12 @@ def test_infer_comm_kinds_from_membership() -> None:
     assert infer_comm_kind([1, 9], meta) == "pp"
     assert infer_comm_kind(list(range(16)), meta) == "world"
     assert infer_comm_kind([0, 3, 5], meta) == "other"
+    # pure data parallelism: the whole world is the DP group (its gradient sync)
+    pure_dp = dataclasses.replace(meta, tp=1, pp=1, dp=16)
+    assert infer_comm_kind(list(range(16)), pure_dp) == "dp"
+    pure_pp = dataclasses.replace(meta, tp=1, pp=16, dp=1)
+    assert infer_comm_kind(list(range(16)), pure_pp) == "world"
+    assert infer_comm_kind(list(range(16)), pure_pp, p2p_only=True) == "pp"
 
 
 def test_infer_comms_from_rows_matches_meta() -> None:
