@@ -53,6 +53,7 @@ class ChangeConfig:
     noise_z: float = 1.0  # per-value threshold: also at least noise_z robust sigmas
     alpha: float = 0.001  # sign test level of the verification (the series alone: strict;
     #                       the slow-down detector uses 0.01, backed by localization)
+    strong_k: float = 3.0  # onsets: the sign test also at this many thresholds up
     median_z: float = 2.0  # the median of the new values clears the floor by z sigma/sqrt(n)
     min_baseline: int = 5  # iterations of baseline before an onset can be declared
     min_after: int = 2  # fewest values of the new level that confirm a change ...
@@ -214,10 +215,16 @@ class ChangeTracker:
             p = (float(np.count_nonzero(ref < limit)) + 0.5) / (len(ref) + 1.0)
             level_ok = float(np.median(tail)) < med * (1 - margin)
         else:
-            limit = med * (1 + thr)
-            k = int(np.count_nonzero(tail > limit))
-            p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
             level_ok = float(np.median(tail)) > med * (1 + margin)
+            chance = 1.0
+            # the sign test at the usual limit, and at a limit strong_k times as far: a
+            # short reference holding one mild outlier cannot reject two values far beyond
+            # anything it holds at the first, while pauses in it still count at the second
+            for limit in (med * (1 + thr), med * (1 + c.strong_k * thr)):
+                k = int(np.count_nonzero(tail > limit))
+                p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
+                chance = min(chance, binom_sf(k, len(tail), p))
+            return level_ok and chance <= c.alpha, med, sigma
         return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
 
     def _check_onset(self, i: int) -> list[Change]:

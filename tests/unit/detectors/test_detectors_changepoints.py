@@ -254,3 +254,26 @@ def test_window_series_places_a_step_where_it_is() -> None:
     rng = np.random.default_rng(7)
     x = np.concatenate([rng.normal(0, 1, 80), rng.normal(5, 1, 70)])
     assert segment(x, "window") == [80]
+
+
+def test_two_far_slower_iterations_confirm_over_a_short_reference_with_a_blip() -> None:
+    """Seven healthy iterations, one of them 6.5% long, then a 1.7x slow-down: the blip
+    makes the usual limit's exceedance rate 1 in 8, so two values alone are no evidence
+    there; at three thresholds up nothing in the reference comes close and the two values
+    confirm the onset (the second slow iteration, not the third)."""
+    tracker = ChangeTracker(ChangeConfig(alpha=0.01, threshold=0.04))
+    healthy = [83.6, 82.9, 88.3, 82.2, 83.3, 81.6, 80.8]
+    changes = [tracker.push(v) for v in healthy]
+    assert not any(changes)
+    assert tracker.push(141.6) == []
+    onset = tracker.push(144.8)
+    assert [(c.kind, c.index, c.detected_index) for c in onset] == [("onset", 7, 8)]
+
+
+def test_a_pause_in_the_reference_still_counts_at_the_strong_limit() -> None:
+    """A reference holding a pause as long as the slow values: two slow values are no
+    more evidence at the strong limit than at the usual one."""
+    tracker = ChangeTracker(ChangeConfig(alpha=0.01, threshold=0.04))
+    for v in [83.6, 82.9, 150.0, 82.2, 83.3, 81.6, 80.8]:
+        tracker.push(v)
+    assert tracker.push(141.6) == [] and tracker.push(144.8) == []
