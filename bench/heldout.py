@@ -865,6 +865,11 @@ def _truth(spec: Spec, lay: Layout, ex: Executor, obs: Any) -> dict[str, Any]:
                 else None
             )
             a["slowdown"] = round(float(np.nanmean(dur[sl])) / base, 4)
+            # the job's iteration ends from the onset on: latency counted in iterations
+            # that elapsed (a slow iteration is one iteration, however long)
+            fin = ends[f.start:]
+            fin = fin[np.isfinite(fin)]
+            a["iteration_ends_ns"] = [int(x) for x in obs(np.full(len(fin), f.rank), fin)]
             if f.cause == "compute" and f.phase is not None:
                 a["stage"] = {"f": "forward", "b": "backward"}[f.phase]
             if f.cause == "communication":

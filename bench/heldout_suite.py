@@ -29,7 +29,9 @@ job's cost). Scoring (:func:`score_job`, :func:`summarize`):
 * slow: precision over every reported slow anomaly (clean runs and hang jobs included),
   recall, F1; on found faults: cause, exact rank set, link (faults with a link), stage
   (``forward``/``backward``/null for compute, the link's ``pp_p2p``/``dp_sync``), latency
-  in baseline iterations after the onset (median, p95, max); anomalies in clean runs;
+  in iterations of the job elapsed from the onset to ``detected_ns`` (median, p95, max;
+  the floors' unit), and the same in baseline iteration times (``*_baseline_iterations``:
+  a 2x slow iteration counts 2); anomalies in clean runs;
 * hangs: precision, recall, F1, class and root-rank accuracy, latency in seconds;
 * every figure also per family.
 """
@@ -429,6 +431,8 @@ def truth_units(job: Job, truth: dict[str, Any]) -> list[dict[str, Any]]:
             "start_ns": min(starts) if starts else None,
             "end_ns": None if any(e is None for e in ends) else max(int(e) for e in ends),
             "iteration_start": min(p["iteration_start"] for p in parts),
+            "iteration_ends_ns": min((p.get("iteration_ends_ns") or [] for p in parts),
+                                     key=lambda e: e[0] if e else 2**63),
             "baseline_s": parts[0].get("baseline_s"),
             "slowdown": cost,
             "triggered": all(p.get("triggered", True) for p in parts),
@@ -516,7 +520,8 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
             det = a.get("detected_ns")
             if t["kind"] == "slow":
                 if det is not None and t["start_ns"] is not None and t["baseline_s"]:
-                    row["latency_it"] = (det - t["start_ns"]) / (t["baseline_s"] * 1e9)
+                    row["latency_it"] = elapsed_iterations(det, t)
+                    row["latency_base_it"] = (det - t["start_ns"]) / (t["baseline_s"] * 1e9)
             elif det is not None and t["start_ns"] is not None:
                 row["latency_s"] = (det - t["start_ns"]) / 1e9
         row["true"] = {k: t[k] for k in ("cause", "ranks", "link", "stage")}
@@ -557,6 +562,20 @@ def result(job: Job, truth: dict[str, Any], diag: dict[str, Any], gen_s: float =
             "truth": units}
 
 
+def elapsed_iterations(detected_ns: int, t: dict[str, Any]) -> float:
+    """Iterations of the job from the fault's onset to ``detected_ns``: whole iterations
+    that ended before it plus the elapsed share of the one under way (past the last known
+    end, in baseline iterations). A slow iteration counts as one, however long."""
+    prev, n = int(t["start_ns"]), 0
+    for end in t.get("iteration_ends_ns") or []:
+        if end <= prev:
+            continue
+        if detected_ns < end:
+            return n + max(0.0, (detected_ns - prev) / (end - prev))
+        prev, n = end, n + 1
+    return n + max(0.0, (detected_ns - prev) / (t["baseline_s"] * 1e9))
+
+
 def _ratio(num: float, den: int) -> float | None:
     return round(num / den, 4) if den else None
 
@@ -582,6 +601,7 @@ def _figures(results: list[dict[str, Any]], family: str | None = None) -> dict[s
     tp_, fn_ = len(found), len(slow) - len(found)
     prec, rec, f1 = _f1(tp_, slow_fp, fn_)
     lat = [f["latency_it"] for f in found if f.get("latency_it") is not None]
+    base_lat = [f["latency_base_it"] for f in found if f.get("latency_base_it") is not None]
     links = [f for f in found if f["link"] is not None]
     hfound = [f for f in hang if f["found"]]
     hp, hr, hf1 = _f1(len(hfound), hang_fp, len(hang) - len(hfound))
@@ -602,6 +622,11 @@ def _figures(results: list[dict[str, Any]], family: str | None = None) -> dict[s
         "latency_p95_iterations": round(float(np.percentile(lat, 95)), 3) if lat else None,
         "latency_max_iterations": round(float(np.max(lat)), 3) if lat else None,
         "latency_over_5": sum(x > 5 for x in lat),
+        # the same latencies in baseline iteration times (a 2x slow iteration counts 2)
+        "latency_median_baseline_iterations": round(float(np.median(base_lat)), 3)
+        if base_lat else None,
+        "latency_max_baseline_iterations": round(float(np.max(base_lat)), 3)
+        if base_lat else None,
         "clean_runs": len(clean),
         "clean_run_anomalies": sum(r["anomalies"] for r in clean),
         "hang_faults": len(hang), "hang_found": len(hfound), "hang_false_positives": hang_fp,

@@ -83,7 +83,9 @@ def test_perfect_diagnosis_scores_one(generated: dict[str, Any]) -> None:
     for key in ("slow_f1", "cause_accuracy", "exact_rank_accuracy", "link_accuracy",
                 "stage_accuracy", "hang_f1", "hang_class_accuracy", "hang_root_accuracy"):
         assert fig[key] == 1.0, key
-    assert fig["latency_median_iterations"] == pytest.approx(1.0)
+    # detected one baseline iteration after the onset: less than one (slow) iteration
+    assert fig["latency_median_baseline_iterations"] == pytest.approx(1.0)
+    assert 0 < fig["latency_median_iterations"] < 1.0
     assert fig["clean_run_anomalies"] == 0
     assert out["all_floors_pass"]
     assert set(out["floors"]) == set(hs.FLOORS)
@@ -163,3 +165,15 @@ def test_shrunken_suite_end_to_end() -> None:
     assert set(out["families"]) >= set(hs.FAMILIES) - {"link-dp"}
     text = hs.table(out)
     assert "slow_f1" in text and "two-stragglers" in text
+
+
+def test_latency_counts_elapsed_iterations_not_baseline_times() -> None:
+    """Detected half-way through the third iteration after the onset, each 2x the
+    baseline: 2.5 iterations elapsed, 5 baseline iteration times."""
+    base = 100_000_000
+    t = {"start_ns": 0, "baseline_s": base / 1e9,
+         "iteration_ends_ns": [2 * base, 4 * base, 6 * base]}
+    assert hs.elapsed_iterations(5 * base, t) == 2.5
+    # past the last known end: the rest in baseline iterations
+    assert hs.elapsed_iterations(7 * base, t) == 4.0
+    assert hs.elapsed_iterations(base, {**t, "iteration_ends_ns": []}) == 1.0
