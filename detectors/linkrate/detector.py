@@ -175,13 +175,14 @@ class LinkRateDetector:
         lid, rate, ts, rnd = p["lid"][sel], p["rate"][sel], p["ts"][sel], p["rnd"][sel]
         ring = np.flatnonzero(rnd >= 0)
         if len(ring):
-            # a ring round timed from enter rows: its last member to enter waited only for
-            # the transfer, whose time is every member's
+            # a member of a ring round timed from its enter row waited for late peers: the
+            # round's best rate (its last member to enter, or a member's own transfer from
+            # t_start) is the transfer's, which every member shares
             _, inv = np.unique(rnd[ring], return_inverse=True)
             best = np.zeros(int(inv.max()) + 1)
             np.maximum.at(best, inv.reshape(-1), rate[ring])
             rate = rate.copy()
-            rate[ring] = best[inv.reshape(-1)]
+            rate[ring] = np.where(ts[ring], rate[ring], best[inv.reshape(-1)])
         # per link: the median of its t_start samples, else its fastest enter-timed one
         order = np.lexsort((rate, ~ts, lid))
         lid, rate, ts = lid[order], rate[order], ts[order]
@@ -341,8 +342,9 @@ class LinkRateDetector:
     def _units(self, persistent: list[int], w: int) -> dict[str, dict[str, Any]]:
         """Persistent links -> the anomalies they make: a point-to-point pair is pinned; the
         degraded hops of one ring are pinned when the queue condition kept one, or when
-        they all cross one node pair (then named by convention); else the ring is reported
-        with no link. Pinned links over one node pair are one anomaly."""
+        they all cross one pair of two nodes (then named by convention); else (hops inside
+        one node are distinct NVLink / PCIe paths) the ring is reported with no link.
+        Pinned links over one node pair are one anomaly."""
         rows = self.samples.links.rows
         comms = self.samples.comms
         node = self.meta.node_of
@@ -365,9 +367,11 @@ class LinkRateDetector:
             pairs = {tuple(sorted((node(rows[x][1]), node(rows[x][2])))) for x in lids}
             if p2p:
                 groups = [([x], "rank_pair") for x in lids]
-            elif len({(rows[x][1], rows[x][2]) for x in lids}) == 1:
+            elif len({frozenset((rows[x][1], rows[x][2])) for x in lids}) == 1:
+                # one pair of ranks (both directions of a two-member ring are one link)
                 groups = [(lids, "queue" if grown else "ring_hop")]
-            elif len(pairs) == 1:
+            elif len(pairs) == 1 and len(next(iter(pairs))) == 2 and \
+                    len(set(next(iter(pairs)))) == 2:
                 groups = [(lids, "node_pair")]
             else:
                 groups = []
@@ -377,6 +381,9 @@ class LinkRateDetector:
                 units[key]["candidate_nodes"] = sorted([list(p) for p in pairs])
                 units[key]["wait_queue"] = queued
                 units[key]["reason"] = (
+                    "every hop of the ring inside one node is slower in coll timing (the "
+                    "slowest NVLink / PCIe hop sets the round's time for all members)"
+                    if pairs and all(len(set(p)) == 1 for p in pairs) else
                     "every hop of the ring over another node is slower in coll timing (the "
                     "slowest hop sets the round's time for all members) and no link rows "
                     "single one out" if not queued else
@@ -462,10 +469,14 @@ class LinkRateDetector:
             "peer_slowdown": None if np.isnan(peer) else round(float(peer), 3),
             "queue_growth": None if np.isnan(q) else round(float(q), 3),
             "localized_by": unit["how"], "nodes": unit["nodes"],
-            "links": [[self.samples.links.rows[x][1], self.samples.links.rows[x][2]]
-                      for x in unit["links"]]}
+            # the hops (one per op class is one link)
+            "links": sorted({(self.samples.links.rows[x][1], self.samples.links.rows[x][2])
+                             for x in unit["links"]})}
+        extra["links"] = [list(p) for p in extra["links"]]
         if unit["link"] is None:
             extra["candidate_nodes"] = unit["candidate_nodes"]
+            # as the slow-down detector names them: the hops one of which is slow
+            extra["link_candidates"] = extra["links"]
             extra["why_no_link"] = unit.get("reason")
         a = Anomaly(id=f"{ID_PREFIX}{self.next_id}", kind="slow", cause="communication",
                     ranks=list(unit["ranks"]), link=unit["link"], comm=unit["comm"],

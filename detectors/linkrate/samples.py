@@ -1,6 +1,8 @@
 """Per-link transfer-rate samples from ``coll`` end rows (events.md).
 
-A *link* is a pair of global ranks whose traffic crosses nodes: a point-to-point pair (both
+A *link* is a pair of global ranks whose traffic crosses nodes (or, for a DP or PP group
+that lies within one node, the NVLink / PCIe path between two of its members; tensor
+parallelism within a node is left out): a point-to-point pair (both
 directions together), or a ring hop ``member i -> member i+1`` (communicator-rank order,
 cyclic) of an all-reduce, all-gather or reduce-scatter. Each end row gives one sample,
 ``bytes / transfer time``: ``end - t_start`` when ``t_start`` is known (the device's own
@@ -225,18 +227,24 @@ class SampleExtractor:
         is_p2p, is_ring = p2p[e], _RING[op[e]]
         other_cr = np.where(is_p2p, peer[e], (cr + 1) % np.maximum(sz, 1))
         other = np.full(len(e), -1, dtype=np.int64)
+        inside = np.zeros(len(e), dtype=bool)  # rows of a DP / PP group within one node
         for c in np.unique(ci).tolist():  # one per communicator
             sel = ci == c
             m = self.comms.members[c]
             oc = other_cr[sel]
             ok = (oc >= 0) & (oc < len(m))
             other[np.flatnonzero(sel)[ok]] = m[oc[ok]]
+            known = m[m >= 0]
+            if len(known) > 1 and len(np.unique(self.node(known))) == 1 and \
+                    self.comms.kind(c) not in ("tp", "cp"):
+                inside[sel] = True
         me = rank[e]
         lo_first = np.where(is_p2p, cr < other_cr, True)
         a = np.where(lo_first, me, other)
         b = np.where(lo_first, other, me)
         good = ((dur > 0) & (is_p2p | is_ring) & (other >= 0) & (other != me)
-                & (nbytes[e] >= self.min_bytes) & (self.node(me) != self.node(other))
+                & (nbytes[e] >= self.min_bytes)
+                & ((self.node(me) != self.node(other)) | inside)
                 & ((sz > 1) | is_p2p))
         if not good.any():
             return empty
@@ -244,8 +252,9 @@ class SampleExtractor:
         opcls = np.where(is_p2p[g], -1, op[e][g])
         keys = np.stack([ci[g], a[g], b[g], opcls, nbytes[e][g]], axis=1)
         lid = self.links.ids(keys, self.comms)
-        # a ring round timed from enter rows: its members are joined by (comm, seq)
-        rnd = np.where(is_ring[g] & ~has_ts[g], round_key[e][g], -1)
+        # ring rounds: members joined by (comm, seq), so that a member timed from its enter
+        # row takes the round's best rate (see the detector)
+        rnd = np.where(is_ring[g], round_key[e][g], -1)
         return {"lid": lid, "t": te[g], "rate": nbytes[e][g] / dur[g].astype(np.float64),
                 "ts": has_ts[g], "rnd": rnd}
 

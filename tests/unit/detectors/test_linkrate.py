@@ -146,3 +146,44 @@ def test_simulator_absorbed_pp_link_reported() -> None:
     assert sorted(a["link"]) == sorted(truth["link"])
     assert a["severity"] == "info" and a["nodes"] == ["node004", "node006"]
     assert a["end_ns"] is not None and a["end_ns"] > a["start_ns"]
+
+
+def test_slow_hop_of_a_dp_ring_inside_one_node_is_reported_unpinned() -> None:
+    """A DP ring of four ranks on one node (NVLink), hop 1 -> 2 3x slower, absorbed: the
+    ring's rates are judged like any link's; every hop inside the node is a distinct path
+    that coll timing slows alike, so the anomaly names the ring with its hops as candidates
+    and no link (not the lowest hop by convention)."""
+    spec = S(tp=1, pp=2, dp=4, microbatches=4, dp_bytes=64 << 20, iterations=30, seed=111,
+             faults=[F("communication", 1, peer=2, start=10, factor=3.0)])
+    meta, tables, _ = _tables(spec)
+    found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
+    assert [(a["cause"], a["link"], a["comm_kind"], a["ranks"]) for a in found] == [
+        ("communication", None, "dp", [0, 1, 2, 3])]
+    assert [1, 2] in found[0]["link_candidates"] and len(found[0]["link_candidates"]) == 4
+    assert "inside one node" in found[0]["why_no_link"]
+
+
+def test_two_member_dp_group_inside_one_node_is_its_link() -> None:
+    """A DP group of two ranks on one node, 3x slower: both ring directions are the one
+    pair, so the link is named."""
+    spec = S(tp=1, pp=4, dp=2, microbatches=4, dp_bytes=64 << 20, iterations=30, seed=112,
+             faults=[F("communication", 2, peer=3, start=10, factor=3.0)])
+    meta, tables, _ = _tables(spec)
+    found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
+    assert [(a["link"], a["ranks"]) for a in found] == [([2, 3], [2, 3])]
+
+
+def test_ring_member_without_t_start_is_not_a_slow_hop() -> None:
+    """Two compute stragglers in a 32-rank job whose DP rings each lie in one node, and a
+    third of the end rows without ``t_start``: a member timed from its enter row waited for
+    the stragglers, not for its link, so it takes its round's best rate and no link is
+    reported (the slow-down detector names the stragglers)."""
+    spec = S(tp=1, pp=4, dp=8, microbatches=8, iterations=31, dp_bytes=256 << 20,
+             dp_mode="rs_ag", pp_comm="pair", missing_t_start=0.3, jitter_scale=0.03,
+             seed=1453913678,
+             faults=[F("compute", 0, start=9, end=20, factor=1.5),
+                     F("compute", 20, start=9, end=20, factor=2.2)])
+    meta, tables, _ = _tables(spec)
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    assert _linkrate(diag) == []
+    assert [sorted(a["ranks"]) for a in diag["anomalies"]] == [[0, 20]]
