@@ -1,9 +1,15 @@
 """``failslow analyze TRACE_DIR``: diagnose a trace directory
-(:func:`failslow.engine.offline.analyze`) and print the diagnosis as a table or JSON."""
+(:func:`failslow.engine.offline.analyze`) and print the diagnosis as a table or JSON.
+
+What an importer held out (``import.json``: the ranks whose records NCCL Inspector dropped)
+is printed as one line, and in the JSON as ``data_quality`` (an added field, diagnosis.md:
+"Unknown fields may be added")."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +18,37 @@ from failslow.replay import DEFAULT_WINDOW_NS
 
 if TYPE_CHECKING:
     from failslow.diagnosis import Diagnosis
+
+log = logging.getLogger(__name__)
+
+
+def data_quality(trace_dir: Path) -> dict[str, Any] | None:
+    """The ranks an import held out because their records were dropped (``import.json``
+    ``lossy_held_out``, NCCL Inspector), or None."""
+    from failslow.collectors.importers import INFO_FILE
+
+    path = trace_dir / INFO_FILE
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        log.warning("%s: unreadable (%s); ignored", path, e)
+        return None
+    if not isinstance(info, dict):
+        return None
+    held = info.get("lossy_held_out")
+    held = held if isinstance(held, dict) else {}
+    ranks = held.get("ranks") or sorted(int(r) for r in info.get("lossy_ranks") or {})
+    if not ranks:
+        return None
+    out: dict[str, Any] = {"held_out_ranks": [int(r) for r in ranks],
+                           "source": info.get("source"),
+                           "reason": "the import dropped records of these ranks (Inspector "
+                                     "ring buffer overwritten): held out, never a root cause"}
+    if held.get("operations") is not None:
+        out["held_out_operations"] = int(held["operations"])
+    return out
 
 
 def _print_table(diag: Diagnosis) -> None:
@@ -61,10 +98,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     diag = analyzer.analyze(Path(args.trace_dir), window_ns=int(args.window_ms * 1e6),
                             post_mortem=args.post_mortem)
+    quality = data_quality(Path(args.trace_dir))
     if args.json:
-        sys.stdout.write(diag.to_json() + "\n")
+        doc = diag.to_dict()
+        if quality is not None:
+            doc["data_quality"] = quality
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         _print_table(diag)
+        if quality is not None:
+            print("held out (Inspector dropped records): ranks "
+                  + ", ".join(map(str, quality["held_out_ranks"])))
     return 0
 
 

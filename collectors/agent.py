@@ -404,11 +404,34 @@ class Agent:
         self.inspector.commit()
         self._inspector_saved = time.monotonic()
 
+    def drain_ras(self) -> int:
+        """``ras`` rows of the RAS reports so far -> a pending batch of the job: ``--job``,
+        else the followed Inspector's, else the one job of the rings (``default`` when
+        none or several); the reports' hosts and world size go into its ``meta``."""
+        ras = self.ras
+        if ras is None:
+            return 0
+        jobs = sorted(self._nodes)
+        job = (self.job_filter or (self.inspector.job if self.inspector is not None else None)
+               or (jobs[0] if len(jobs) == 1 else "default"))
+        table = ras.take(job, self.node)
+        if table is None:
+            return 0
+        nodes = self._nodes.setdefault(job, {})
+        hosts = {r: h for r, h in ras.hosts.items() if r not in nodes}
+        if hosts or self._world.get(job, 0) < ras.world:
+            nodes.update(hosts)
+            self._world[job] = max(self._world.get(job, 0), ras.world)
+            self._meta_dirty.add(job)
+        self._pending.append((job, {"ras": table}))
+        return table.num_rows
+
     def poll(self) -> int:
         n = self.drain_rings() + self.drain_inspector()
         self.sample_collectors()
         if self.ras is not None:
             self.ras.maybe_query()
+            self.drain_ras()
         self.flush()
         self._save_inspector()
         return n
@@ -420,6 +443,9 @@ class Agent:
     def close(self) -> None:
         self.drain_rings()
         self.drain_inspector()
+        if self.ras is not None:
+            self.ras.close()
+            self.drain_ras()
         self.flush()
         self._save_inspector(force=True)
         for r in self._rings.values():
@@ -427,8 +453,6 @@ class Agent:
         self._rings.clear()
         for c in self.collectors:
             c.close()
-        if self.ras is not None:
-            self.ras.close()
         self.sink.close()
 
 
@@ -480,7 +504,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
                                       args.inspector_state)
     ras = None
     if args.ras is not None:
-        ras = RasCollector(args.ras or None, interval_s=args.ras_interval)
+        ras = RasCollector(args.ras or None, interval_s=args.ras_interval, job=args.job,
+                           node=args.node)
     agent = Agent(sink, args.ring_dir, job=args.job, node=args.node, collectors=enabled,
                   degrees=degrees, microbatches=args.microbatches, schedule=args.schedule,
                   inspector=inspector, ras=ras)
@@ -533,8 +558,8 @@ def add_parser(subparsers: Any) -> None:
                    help="where the follow positions are saved (default: "
                         "DIR/.failslow-follow.json)")
     p.add_argument("--ras", nargs="?", const="", default=None, metavar="HOST:PORT",
-                   help="query NCCL RAS (JSON, NCCL 2.28.7+) for hang evidence (default "
-                        "address 127.0.0.1:28028)")
+                   help="query NCCL RAS (JSON, NCCL 2.28.7+) and publish its findings as "
+                        "ras rows, hang evidence (default address 127.0.0.1:28028)")
     p.add_argument("--ras-interval", type=float, default=10.0, metavar="S",
                    help="seconds between RAS queries (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="drain once and exit")

@@ -25,13 +25,20 @@ process's rank in the largest communicator, as the Inspector importer does):
   all entered and nothing more launched -> consistent with H3 (``hardware``), or a job that
   simply paused; only a candidate.
 
-The event contract has no kind for these counter snapshots (they are launches, not calls
-with times, nor in-flight step counts), so findings are reported by the agent (log lines,
-``--json`` counters) rather than published as ``coll`` or ``progress`` rows.
+Each finding becomes ``ras`` rows of the event contract (version 2, docs/events-v2.md;
+:func:`finding_rows`): one per (communicator, global rank, finding) and report, with the
+collective function, the rank's count and the leaders' count where known (``dead`` is
+published as ``missing``; ``stalled`` names every member). The agent publishes them like its
+other rows (Kafka topic ``failslow.ras``, or a trace directory), repeated while the condition
+lasts: they are evidence over time. The hang detector reads them
+(:mod:`failslow.detectors.hang.ras`): beside ``coll`` rows they confirm (or contradict) its
+root, and where ``coll`` rows stopped or never existed (a dead collector, an Inspector-only
+job) they raise the hang themselves.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -41,6 +48,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
+from failslow import events
 from failslow.events import ContractError
 
 log = logging.getLogger(__name__)
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 DEFAULT_ADDR = ("127.0.0.1", 28028)
 CLIENT_PROTOCOL = 2
 MAX_REPLY = 64 << 20
+#: ``ras`` rows kept for the agent at most (older ones are dropped and counted)
+MAX_PENDING_ROWS = 100_000
 
 
 @dataclass
@@ -159,10 +171,15 @@ class RasWatch:
         self.stall_reports = stall_reports
         self._last: dict[str, dict[int, dict[str, int]]] = {}
         self._same: dict[str, int] = {}
+        #: global rank -> host, and the largest communicator size, of the reports so far
+        self.hosts: dict[int, str] = {}
+        self.world = 0
 
     def update(self, comms: list[RasComm], t_ns: int | None = None) -> list[dict[str, Any]]:
         t = time.time_ns() if t_ns is None else t_ns
         rank_of = _global_ranks(comms)
+        self.hosts.update({r: host for (host, _pid), r in rank_of.items() if host})
+        self.world = max([self.world, *(c.size for c in comms)])
         found: list[dict[str, Any]] = []
 
         def note(kind: str, cause: str, comm: RasComm, ranks: list[int], **extra: Any) -> None:
@@ -200,16 +217,86 @@ class RasWatch:
                 lag = [r for r, n in totals.items() if n < top]
                 note("behind", "not_entered", comm,
                      [glob(r, comm.ranks[r]) for r in lag], launched=top,
-                     behind_by={str(glob(r, comm.ranks[r])): top - totals[r] for r in lag})
+                     behind_by={str(glob(r, comm.ranks[r])): top - totals[r] for r in lag},
+                     per_rank={glob(r, comm.ranks[r]): _lag(counts, r) for r in lag})
             elif behind and stuck:
                 minority = _minority(counts)
                 note("inconsistent", "inconsistent", comm,
-                     [glob(r, comm.ranks[r]) for r in minority])
+                     [glob(r, comm.ranks[r]) for r in minority],
+                     per_rank={glob(r, comm.ranks[r]): _deviation(counts, r)
+                               for r in minority})
             elif (not behind and not comm.missing
                   and self._same[comm.hash] >= self.stall_reports - 1):
                 note("stalled", "hardware", comm, [], launched=max(totals.values()),
-                     reports=self._same[comm.hash] + 1)
+                     reports=self._same[comm.hash] + 1,
+                     members={glob(r, i): totals[r] for r, i in comm.ranks.items()})
         return found
+
+
+def _lag(counts: Mapping[int, Mapping[str, int]], r: int) -> dict[str, Any]:
+    """The first function (by name) in which rank ``r`` launched fewer operations than the
+    leaders: its count and theirs."""
+    for f in sorted({f for c in counts.values() for f in c}):
+        top = max(c.get(f, 0) for c in counts.values())
+        if counts[r].get(f, 0) < top:
+            return {"function": f, "count": counts[r].get(f, 0), "expected": top}
+    return {}
+
+
+def _deviation(counts: Mapping[int, Mapping[str, int]], r: int) -> dict[str, Any]:
+    """The function whose count of rank ``r`` differs most from the most common breakdown."""
+    sig = {q: tuple(sorted(c.items())) for q, c in counts.items()}
+    common = dict(max(set(sig.values()), key=lambda s: sum(v == s for v in sig.values())))
+    funcs = sorted(set(common) | set(counts[r]))
+    if not funcs:
+        return {}
+    f = max(funcs, key=lambda g: abs(counts[r].get(g, 0) - common.get(g, 0)))
+    return {"function": f, "count": counts[r].get(f, 0), "expected": common.get(f, 0)}
+
+
+def comm_u64(comm_hash: str) -> int:
+    """A RAS communicator hash (hex text, NCCL's 64-bit ``commHash``, the id the profiler
+    plugin and the Inspector use too) as the contract's uint64; other text is hashed."""
+    text = comm_hash.strip()
+    try:
+        value = int(text, 16)
+    except ValueError:
+        value = -1
+    if 0 <= value < 2**64:
+        return value
+    return int.from_bytes(hashlib.blake2b(("ras/" + text).encode(), digest_size=8).digest(),
+                          "big")
+
+
+#: RasWatch kinds -> ``ras.finding`` (events.RAS_FINDINGS): a dead rank is a missing one.
+FINDING_OF = {"dead": "missing", "missing": "missing", "behind": "behind",
+              "inconsistent": "inconsistent", "stalled": "stalled"}
+
+
+def finding_rows(found: list[dict[str, Any]], job: str, node: str) -> list[dict[str, Any]]:
+    """``ras`` rows (docs/events-v2.md) of one report's findings: one per (communicator,
+    global rank, finding); ``stalled`` names every member with its launched total."""
+    rows: dict[tuple[int, int, str], dict[str, Any]] = {}
+    for f in found:
+        finding = FINDING_OF.get(str(f["kind"]))
+        if finding is None:
+            continue
+        comm = comm_u64(str(f["comm_hash"]))
+        base = {"job": job, "t": int(f["t"]), "node": node, "comm": comm,
+                "comm_size": int(f["comm_size"]), "finding": finding}
+        if finding == "stalled":
+            named = {int(r): {"function": None, "count": int(n),
+                              "expected": int(f.get("launched", n))}
+                     for r, n in (f.get("members") or {}).items()}
+        else:
+            per = f.get("per_rank") or {}
+            named = {int(r): {"function": None, "count": None, "expected": None,
+                              **(per.get(r) or {})} for r in f["ranks"]}
+        for r, detail in named.items():
+            if r < 0:
+                continue
+            rows.setdefault((comm, r, finding), {**base, "rank": r, **detail})
+    return list(rows.values())
 
 
 def _minority(counts: Mapping[int, Mapping[str, int]]) -> list[int]:
@@ -225,13 +312,23 @@ class RasCollector:
     name = "ras"
 
     def __init__(self, address: str | None = None, interval_s: float = 10.0,
-                 stall_reports: int = 3, timeout_s: float = 10.0) -> None:
+                 stall_reports: int = 3, timeout_s: float = 10.0, *, job: str | None = None,
+                 node: str | None = None) -> None:
         self.addr = parse_address(address)
+        #: job and node of the ``ras`` rows (the agent sets them when it knows better)
+        self.job = job
+        self.node = node or socket.gethostname()
+        #: ``ras`` rows of the reports not yet taken by the agent (:meth:`take`)
+        self._rows: list[dict[str, Any]] = []
+        #: global rank -> host and the world size, as the reports tell them
+        self.hosts: dict[int, str] = {}
+        self.world = 0
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.watch = RasWatch(stall_reports)
         self.findings: list[dict[str, Any]] = []
-        self.stats: dict[str, Any] = {"queries": 0, "failures": 0, "last_error": ""}
+        self.stats: dict[str, Any] = {"queries": 0, "failures": 0, "last_error": "",
+                                      "rows": 0, "rows_dropped": 0}
         self._seen: set[tuple[str, str, tuple[int, ...]]] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -247,9 +344,17 @@ class RasCollector:
                 self.stats["last_error"] = f"{type(e).__name__}: {e}"
             return []
         found = self.watch.update(comms)
+        rows = finding_rows(found, self.job or "default", self.node)
         with self._lock:
             self.stats["queries"] += 1
             self.findings = found
+            self.hosts, self.world = dict(self.watch.hosts), self.watch.world
+            self._rows.extend(rows)
+            self.stats["rows"] += len(rows)
+            over = len(self._rows) - MAX_PENDING_ROWS
+            if over > 0:  # nobody takes them (a stuck sink): keep the newest evidence
+                del self._rows[:over]
+                self.stats["rows_dropped"] += over
         for f in found:
             key = (f["kind"], f["comm_hash"], tuple(f["ranks"]))
             if key not in self._seen:
@@ -258,6 +363,18 @@ class RasCollector:
                             "%s", f["kind"], f["comm_hash"], f["comm_size"], f["ranks"] or "-",
                             f["hang_cause"])
         return found
+
+    def take(self, job: str | None = None, node: str | None = None) -> pa.Table | None:
+        """The ``ras`` rows queued since the last call (as ``job`` and from ``node`` when
+        given), or None."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return None
+        tag = {k: v for k, v in (("job", job), ("node", node)) if v is not None}
+        if tag:
+            rows = [{**r, **tag} for r in rows]
+        return events.from_rows("ras", rows, source="ras")
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -14,7 +14,8 @@ from failslow.events import NULL_TIME, EventBatch
 from failslow.tracedir import DATA_KINDS
 
 #: The column that orders each kind in time.
-TIME_COLUMN = {"coll": "t", "progress": "t", "link": "t", "gpu": "t", "span": "t_end"}
+TIME_COLUMN = {"coll": "t", "progress": "t", "link": "t", "gpu": "t", "span": "t_end",
+               "ras": "t", "probe": "t"}
 
 DEFAULT_WINDOW_NS = 100_000_000  # 100 ms of trace time per batch
 

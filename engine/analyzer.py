@@ -199,8 +199,10 @@ class JobAnalyzer:
         ``extra["unknown_ranks"]``; an anomaly that pointed only at such ranks keeps no root
         rank and says so."""
         for a in found:
-            unknown = [r for r in a.ranks
-                       if r < 0 or r >= len(self.observed) or not self.observed[r]]
+            # a rank NCCL RAS names as the root is evidenced by RAS (hang detector)
+            named = set(a.extra.get("ras_roots") or ())
+            unknown = [r for r in a.ranks if r not in named and (
+                r < 0 or r >= len(self.observed) or not self.observed[r])]
             if not unknown:
                 continue
             a.ranks = [r for r in a.ranks if r not in unknown]

@@ -58,7 +58,9 @@ Modules: :mod:`.config` (thresholds), :mod:`.tables` (vectorised keyed tables),
 :mod:`.comms` (communicators and members), :mod:`.flight` (the in-flight table and seq
 counters), :mod:`.history` (durations, completed signatures), :mod:`.ranks` (per-rank clocks,
 recent operations), :mod:`.links` (queue pairs), :mod:`.state` (snapshots),
-:mod:`.detector` (:class:`HangDetector`: ingestion and detection), and per detection pass
+:mod:`.detector` (:class:`HangDetector`: ingestion and detection), :mod:`.ras` (NCCL RAS
+findings, ``ras`` rows: evidence beside the ``coll`` rows, and hangs RAS alone shows where
+those stopped), and per detection pass
 :mod:`.graph` (the wait graph), :mod:`.classify` (H2/H3), :mod:`.halt` (halt point in the
 schedule) and :mod:`.reports`. The benchmark ``failslow bench hang`` is
 :mod:`failslow.bench.hang`.

@@ -60,7 +60,9 @@ class HangConfig:
     stand still while posted work requests grow to call the link broken; a hardware hang
     waits at most ``link_wait_ns`` for that evidence when queue pairs report. ``p2p_batch_ns``:
     sends/recvs posted this close together count as one ``batch_isend_irecv`` when choosing
-    the halt point.
+    the halt point. ``ras_fresh_ns``: an NCCL RAS finding (``ras`` rows) is current while
+    seen within this long, or three of the agent's report intervals if longer
+    (:mod:`failslow.detectors.hang.ras`).
     """
 
     n_expected: float = 2.0
@@ -84,5 +86,6 @@ class HangConfig:
     p2p_batch_ns: int = 1_000_000
     link_wait_ns: int = 5_000_000_000
     max_listed_victims: int = 64
+    ras_fresh_ns: int = 30_000_000_000
     max_orphans: int = 100_000
     max_signatures: int = 10_000

@@ -1,7 +1,8 @@
-"""The hang detector of one job: ingestion of ``coll``, ``progress`` and ``link`` records into
-its tables, and detection as time passes (CCL-D §4.2.1; MEGATRACE Algorithm 1 line 3). The
-method is described in :mod:`failslow.detectors.hang`; classification and reports of one
-detection pass are in :mod:`~failslow.detectors.hang.reports`."""
+"""The hang detector of one job: ingestion of ``coll``, ``progress``, ``link`` and ``ras``
+records into its tables, and detection as time passes (CCL-D §4.2.1; MEGATRACE Algorithm 1
+line 3). The method is described in :mod:`failslow.detectors.hang`; classification and
+reports of one detection pass are in :mod:`~failslow.detectors.hang.reports`, NCCL RAS
+evidence in :mod:`~failslow.detectors.hang.ras`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from failslow.detectors.hang.graph import WaitGraph
 from failslow.detectors.hang.history import Durations, SignatureBook
 from failslow.detectors.hang.links import QueuePairs
 from failslow.detectors.hang.ranks import RankClock
+from failslow.detectors.hang.ras import RasEvidence
 from failslow.detectors.hang.reports import OpenHangs, Reporter
 from failslow.detectors.hang.tables import _RANK_BITS, _saturate, _u64_to_i64
 from failslow.detectors.iterations import coll_columns
@@ -30,18 +32,18 @@ from failslow.events import JobMeta
 class HangDetector:
     """Hang detector of one job (see :mod:`failslow.detectors.hang` for the method).
 
-    ``update(batch)`` ingests ``coll``, ``progress`` and ``link`` records and reports hangs
-    whose stuck operations completed (``end_ns`` set) plus hangs visible at the latest event
-    time; ``on_tick(now_ns)`` detects as time passes with no new records.
+    ``update(batch)`` ingests ``coll``, ``progress``, ``link`` and ``ras`` records and
+    reports hangs whose stuck operations completed (``end_ns`` set) plus hangs visible at the
+    latest event time; ``on_tick(now_ns)`` detects as time passes with no new records.
 
     Its state: the communicators (:attr:`comms`), the in-flight table (:attr:`flight`),
     duration history and completed signatures (:attr:`durations`, :attr:`signatures`),
-    per-rank clocks (:attr:`ranks`), queue pairs (:attr:`links`) and the hangs reported
-    (:attr:`hangs`).
+    per-rank clocks (:attr:`ranks`), queue pairs (:attr:`links`), NCCL RAS findings
+    (:attr:`ras`) and the hangs reported (:attr:`hangs`).
     """
 
     name: ClassVar[str] = "hang"
-    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "progress", "link"})
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "progress", "link", "ras"})
     produces: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, meta: JobMeta, config: HangConfig | None = None) -> None:
@@ -58,6 +60,7 @@ class HangDetector:
         self.ranks = RankClock(self.config)
         self.links = QueuePairs()
         self.hangs = OpenHangs()
+        self.ras = RasEvidence(self.config.ras_fresh_ns)
         # silent ranks nobody waits on, valid while the in-flight operations do not change
         self._quiet_cache: tuple[int, set[int]] = (-1, set())
 
@@ -74,15 +77,21 @@ class HangDetector:
         link = batch.get("link")
         if link is not None and link.num_rows:
             self.latest = max(self.latest, self.links.ingest(link))
+        ras = batch.get("ras")
+        fresh_ras = ras is not None and ras.num_rows > 0
+        if ras is not None and ras.num_rows:
+            self.latest = max(self.latest, self.ras.ingest(ras))
         self.ranks.note_lag(max(self.latest, self.now))
         out = self.hangs.finished(self.flight.fl["hang"])
         if self.latest != NO_TIME:
             out += self._check(max(self.latest, self.now))
+            out += self._check_ras(max(self.latest, self.now), out, fresh_ras)
         return out
 
     def on_tick(self, now_ns: int) -> list[Anomaly]:
         self.now = max(self.now, int(now_ns))
-        return self.hangs.finished(self.flight.fl["hang"]) + self._check(int(now_ns))
+        out = self.hangs.finished(self.flight.fl["hang"]) + self._check(int(now_ns))
+        return out + self._check_ras(int(now_ns), out, False)
 
     def outputs(self) -> dict[str, pa.Table]:
         return {}
@@ -213,6 +222,50 @@ class HangDetector:
                     if int(horizon[r]) - ref > int(sthr[r]):
                         graph.silent_roots[r] = waiting
         return Reporter(graph).resolve(dict.fromkeys(triggers))
+
+    def _check_ras(self, now: int, found: list[Anomaly], fresh: bool) -> list[Anomaly]:
+        """NCCL RAS evidence (:mod:`.ras`): the hangs RAS alone shows, the RAS findings of
+        the reports just made (``found``, annotated in place) and, when new RAS rows came
+        (``fresh``), the open hangs whose RAS evidence changed, reported again."""
+        ras = self.ras
+        if not ras.seen:
+            return []
+        out = ras.raise_hangs(self, now)
+        done = {a.id for a in out}
+        for a in found:
+            if a.kind == "hang" and a.id not in done:
+                self._note_ras(a)
+                done.add(a.id)
+        if fresh:
+            for h in self.hangs.hangs:
+                if h.ended or h.anomaly.id in done:
+                    continue
+                if self._note_ras(h.anomaly):
+                    out.append(Anomaly.from_dict(h.anomaly.to_dict()))
+            if all(h.ended for h in self.hangs.hangs):  # open hangs keep their evidence
+                ras.forget(now)
+        return out
+
+    def _note_ras(self, a: Anomaly) -> bool:
+        """Put the RAS evidence of hang ``a`` (a report or the open hang's own anomaly) in
+        its ``extra`` and in the open hang's; True if it changed."""
+        index = next((h.index for h in self.hangs.hangs if h.anomaly.id == a.id), None)
+        if index is None:
+            return False
+        stored = self.hangs.hangs[index].anomaly
+        if stored.extra.get("evidence") == "ras":
+            return False        # raised by RAS: its findings are its own evidence
+        note = self.ras.annotate(self, stored)
+        if note == self.ras.noted.get(index, {}):
+            if note:
+                a.extra.update(note)
+            return False
+        self.ras.noted[index] = note
+        for target in {id(stored): stored, id(a): a}.values():
+            for key in ("ras", "ras_agrees", "ras_roots", "ras_note"):
+                target.extra.pop(key, None)
+            target.extra.update(note)
+        return True
 
     def _silent_ranks(self, horizon: np.ndarray) -> np.ndarray:
         """Ranks with no operation in flight and no record up to their horizon for longer

@@ -54,6 +54,7 @@ def snapshot(det: HangDetector) -> dict[str, Any]:
         "signatures": det.signatures.to_state(),
         "link_period": det.links.period,
         "hangs": det.hangs.to_state(),
+        "ras": det.ras.to_state(),
     }
 
 
@@ -72,3 +73,5 @@ def restore(det: HangDetector, state: dict[str, Any]) -> None:
     det.links.period = int(state["link_period"])
     det.signatures.load(state["signatures"])
     det.hangs.load(state["hangs"])
+    if "ras" in state:  # snapshots before RAS evidence have none
+        det.ras.load(state["ras"])

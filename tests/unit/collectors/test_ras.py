@@ -6,14 +6,27 @@ from __future__ import annotations
 import json
 import socketserver
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from failslow.collectors.agent import Agent, TraceDirSink
-from failslow.collectors.ras import RasCollector, RasWatch, parse_address, parse_status, query
+from failslow import events
+from failslow.collectors.agent import Agent, TraceDirSink, TransportSink
+from failslow.collectors.ras import (
+    RasCollector,
+    RasWatch,
+    comm_u64,
+    finding_rows,
+    parse_address,
+    parse_status,
+    query,
+)
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 
@@ -173,6 +186,39 @@ def test_agent_queries_ras_in_the_background(fake: FakeRas, tmp_path: Path) -> N
     snap = ras.snapshot()
     assert snap["queries"] >= 2 and snap["failures"] == 0
     assert _kinds(snap["findings"]) == [("behind", "not_entered", [2])]
+    # the findings are published as ras rows (one per report that found them), the job's
+    # meta carries the hosts RAS reported
+    out = tmp_path / "out"
+    rows = events.conform(pq.read_table(out / "ras.parquet"), "ras").to_pylist()
+    assert len(rows) == snap["queries"] - 1 and len({r["t"] for r in rows}) == len(rows)
+    assert {(r["job"], r["node"], r["comm"], r["comm_size"], r["rank"], r["finding"],
+             r["function"], r["count"], r["expected"]) for r in rows} == {
+        ("default", "n", 0xae94423cfbb2ef4a, 8, 2, "behind", "AllReduce", 12, 13)}
+    meta = events.parse_meta_row(json.loads((out / "meta.json").read_text()))
+    assert meta.world_size == 8 and meta.nodes[5] == "10.0.0.2"
+
+
+def test_finding_rows_one_per_comm_rank_and_finding() -> None:
+    w = RasWatch(stall_reports=2)
+    rep = report(_even(9), missing={6: True})
+    w.update(parse_status(rep), t_ns=1)
+    rows = finding_rows(w.update(parse_status(rep), t_ns=2), "j", "h")
+    table = events.from_rows("ras", rows)     # conforms to the contract
+    assert table.num_rows == len(rows)
+    # a dead rank is published as missing (no count); the rest of the world stalled with
+    # rank 6 gone is not a stall (a member is missing)
+    assert [(r["rank"], r["finding"], r["count"]) for r in rows] == [(6, "missing", None)]
+    w = RasWatch(stall_reports=2)
+    pair = {0: {"AllReduce": 3}, 1: {"AllReduce": 3}}
+    w.update(parse_status(report(_even(9), pair=pair)), t_ns=3)
+    got = finding_rows(w.update(parse_status(report(_even(9), pair=pair)), t_ns=4), "j", "h")
+    stalled = sorted((r["comm"], r["rank"], r["count"], r["expected"]) for r in got
+                     if r["finding"] == "stalled")
+    # every member of both communicators, once each, with its launched total
+    assert stalled == sorted([(0xae94423cfbb2ef4a, r, 9, 9) for r in range(8)]
+                             + [(0x77, 4, 3, 3), (0x77, 5, 3, 3)])
+    assert len(got) == len(stalled) and all(r["t"] == 4 for r in got)
+    assert comm_u64("0x77") == 0x77 and comm_u64("not hex") == comm_u64("not hex") > 0
 
 
 def test_unreachable_or_old_ras_is_a_counted_failure(fake: FakeRas) -> None:
@@ -181,3 +227,45 @@ def test_unreachable_or_old_ras_is_a_counted_failure(fake: FakeRas) -> None:
     ras = RasCollector(f"{host}:{port}")
     assert ras.query_once() == [] and ras.stats["failures"] == 1
     assert "not JSON" in ras.stats["last_error"]
+
+
+def test_agent_publishes_ras_rows_to_kafka(broker: Any, fake: FakeRas, tmp_path: Path) -> None:
+    """The agent publishes the findings to the real broker's ras topic; they decode as
+    contract rows of the job."""
+    from failslow.stream.kafka import KafkaTransport
+    from failslow.stream.transport import decode
+
+    stuck = _even(13) | {2: {"AllReduce": 12}}
+    fake.reports = [report(_even(10)), report(stuck)]
+    host, port = fake.server_address[:2]  # type: ignore[misc]
+    pfx = f"t{uuid.uuid4().hex[:10]}."
+    producer = KafkaTransport(broker.bootstrap, topic_prefix=pfx, subscribe=())
+    ras = RasCollector(f"{host}:{port}", interval_s=3600)
+    agent = Agent(TransportSink(producer), tmp_path / "rings", job="jras", node="n9",
+                  collectors={"gpu": False, "rdma": False}, ras=ras)
+    for _ in range(3):          # three reports: the second and third find rank 2 behind
+        ras.query_once()
+        agent.poll()
+    agent.close()
+    consumer = KafkaTransport(broker.bootstrap, topic_prefix=pfx,
+                              group_id=f"g-{uuid.uuid4().hex[:8]}",
+                              subscribe=["failslow.meta", "failslow.ras"])
+    got: list[pa.Table] = []
+    metas = 0
+    deadline = time.monotonic() + 30
+    try:
+        while sum(t.num_rows for t in got) < 2 and time.monotonic() < deadline:
+            for m in consumer.poll(100, timeout=1.0):
+                kind, table = decode(m)
+                assert m.key == "jras"
+                if kind == "ras":
+                    got.append(table)
+                else:
+                    metas += 1
+    finally:
+        consumer.close()
+    rows = pa.concat_tables(got).to_pylist()
+    assert metas >= 1
+    assert [(r["job"], r["node"], r["rank"], r["finding"], r["count"], r["expected"])
+            for r in rows] == [("jras", "n9", 2, "behind", 12, 13)] * 2
+    assert len({r["t"] for r in rows}) == 2
