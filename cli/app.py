@@ -51,6 +51,7 @@ BENCHMARK_MODULES: dict[str, str] = {
     "pipeline": "failslow.bench.pipeline",
     "analyze-large": "failslow.bench.analyze_large",
     "changepoints": "failslow.bench.changepoints",
+    "validation": "failslow.bench.validation",
 }
 
 DESCRIPTION = """\

@@ -229,6 +229,8 @@ class Agent:
         self.inspector_save_s = 1.0
         #: the NCCL RAS client (hang evidence; see :mod:`failslow.collectors.ras`)
         self.ras = ras
+        #: active validation probes (``--probes``; :mod:`failslow.collectors.probes`)
+        self.probes: Any = None
         enabled = {n: d for n, (_, d) in COLLECTORS.items()}
         enabled.update(collectors or {})
         self.collectors: list[NodeCollector] = []
@@ -432,6 +434,8 @@ class Agent:
         if self.ras is not None:
             self.ras.maybe_query()
             self.drain_ras()
+        if self.probes is not None:  # sees the drained coll rows, returns probe rows
+            self._pending += self.probes.poll(self._pending)
         self.flush()
         self._save_inspector()
         return n
@@ -446,6 +450,9 @@ class Agent:
         if self.ras is not None:
             self.ras.close()
             self.drain_ras()
+        if self.probes is not None:
+            self.probes.close()
+            self._pending += self.probes.take_rows()
         self.flush()
         self._save_inspector(force=True)
         for r in self._rings.values():
@@ -509,6 +516,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     agent = Agent(sink, args.ring_dir, job=args.job, node=args.node, collectors=enabled,
                   degrees=degrees, microbatches=args.microbatches, schedule=args.schedule,
                   inspector=inspector, ras=ras)
+    from failslow.collectors.probes.service import from_args as probes_from_args
+
+    agent.probes = probes_from_args(args, args.node)
     for st in agent.status.values():
         log.info("collector %s: %s", st.name,
                  "enabled" if st.available else f"no data ({st.reason or st.last_error})")
@@ -524,6 +534,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             out["inspector"] = inspector.stats
         if ras is not None:
             out["ras"] = ras.snapshot()
+        if agent.probes is not None:
+            out["probes"] = {**agent.probes.stats, **agent.probes.runner.counts}
         print(json.dumps(out))
     return 0
 
@@ -562,6 +574,9 @@ def add_parser(subparsers: Any) -> None:
                         "ras rows, hang evidence (default address 127.0.0.1:28028)")
     p.add_argument("--ras-interval", type=float, default=10.0, metavar="S",
                    help="seconds between RAS queries (default: %(default)s)")
+    from failslow.collectors.probes.service import add_arguments as probe_arguments
+
+    probe_arguments(p)
     p.add_argument("--once", action="store_true", help="drain once and exit")
     p.add_argument("--json", action="store_true", help="print counters as JSON at exit")
     p.set_defaults(func=_cmd_agent)

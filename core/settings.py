@@ -137,6 +137,27 @@ class CollectorSettings(BaseModel):
     ring_capacity: int | None = None
 
 
+class ProbeSettings(BaseModel):
+    """Active validation probes (issue 17): run by the node agent on the job stage's request."""
+
+    #: jobs whose anomalies may be probed, comma-separated (``*``: every job; empty: none)
+    jobs: str = ""
+    #: the agent's probe endpoint, ``host:port`` (peers send p2p / rtt probes to it)
+    bind: str = "0.0.0.0:28090"
+    #: the port of the other nodes' endpoints (the job stage names peers by node)
+    port: int = 28090
+    #: seconds a probe may take, waiting for its rank to leave a collective included
+    deadline_s: float = 2.0
+    #: probes started per minute on one node, and for one job (token buckets)
+    node_per_minute: float = 6.0
+    job_per_minute: float = 12.0
+    #: payload of a p2p transfer, bytes
+    p2p_bytes: int = 4 << 20
+
+    def enabled_jobs(self) -> frozenset[str]:
+        return frozenset(j.strip() for j in self.jobs.split(",") if j.strip())
+
+
 class InfraSettings(BaseModel):
     """``failslow infra``: the local Kafka broker for development and tests."""
 
@@ -188,6 +209,13 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_JOB": ("collector", "job"),
     "FAILSLOW_RING_DIR": ("collector", "ring_dir"),
     "FAILSLOW_RING_CAPACITY": ("collector", "ring_capacity"),
+    "FAILSLOW_PROBE_JOBS": ("probes", "jobs"),
+    "FAILSLOW_PROBE_BIND": ("probes", "bind"),
+    "FAILSLOW_PROBE_PORT": ("probes", "port"),
+    "FAILSLOW_PROBE_DEADLINE": ("probes", "deadline_s"),
+    "FAILSLOW_PROBE_NODE_PER_MINUTE": ("probes", "node_per_minute"),
+    "FAILSLOW_PROBE_JOB_PER_MINUTE": ("probes", "job_per_minute"),
+    "FAILSLOW_PROBE_P2P_BYTES": ("probes", "p2p_bytes"),
     "FAILSLOW_STATE_DIR": ("infra", "state_dir"),
     "FAILSLOW_KAFKA_LIBS": ("infra", "kafka_libs"),
     "FAILSLOW_GRAFANA_URL": ("grafana", "url"),
@@ -273,6 +301,7 @@ class Settings(BaseSettings):
     notify: NotifySettings = Field(default_factory=NotifySettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     infra: InfraSettings = Field(default_factory=InfraSettings)
+    probes: ProbeSettings = Field(default_factory=ProbeSettings)
     grafana: GrafanaSettings = Field(default_factory=GrafanaSettings)
     bench: BenchSettings = Field(default_factory=BenchSettings)
     #: ``text`` (readable) or ``json`` (one object per line) logs on standard error

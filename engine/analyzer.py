@@ -33,6 +33,7 @@ from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.engine import registry
 from failslow.engine.dedup import CollDeduplicator
+from failslow.engine.probes import apply_probe_rows, carry_probe_evidence
 from failslow.engine.registry import JobConfig
 from failslow.events import JobMeta
 from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner
@@ -126,6 +127,8 @@ class JobAnalyzer:
                 continue
             for table_name, table in det.outputs().items():
                 batch[table_name] = derived[table_name] = table
+        # active validation (issue 17): probe rows answering open anomalies are evidence
+        found += apply_probe_rows(self._anomalies, batch.get("probe"))
         iterations = derived.get("iterations", results.empty("iterations"))
         rounds = derived.get("rounds", results.empty("rounds"))
         return Output(found, rounds, iterations, self._advise(iterations, found))
@@ -213,6 +216,7 @@ class JobAnalyzer:
     def _record(self, found: list[Anomaly]) -> None:
         self._unknown_roots(found)
         for a in found:
+            carry_probe_evidence(self._anomalies.get(a.id), a)
             self._anomalies[a.id] = a
 
     def diagnosis(self) -> Diagnosis:
