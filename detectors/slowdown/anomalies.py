@@ -96,6 +96,8 @@ class AnomalyLifecycle:
         if self.timeline.horizon - t_onset < c.min_window_iterations * op.ref_iter_ns:
             return []
         found = self._persistent(op)
+        if found is not None and self._decaying(op):
+            return []  # a pause and its spill-over, so far: one more iteration decides
         if found is None:
             if op.tries > c.localize_retries:
                 self._drop(op)
@@ -168,6 +170,19 @@ class AnomalyLifecycle:
             out.append(_anomaly(a_j))
         op.state = "open"
         return out
+
+    def _decaying(self, op: SlowLevel) -> bool:
+        """Only two slow iterations so far, the second's excess over the level below under
+        half the first's: the shape of one long pause whose delay spills into the next
+        iteration's window (the same rank then tops both), not of a fail-slow, whose excess
+        holds or grows (a fault starting mid-iteration makes the first one smaller)."""
+        a = self.timeline.pos(op.onset_pos)
+        done = [d for _, t0, d in self.timeline.iters[a:a + 3]
+                if t0 + d <= self.timeline.horizon]
+        if len(done) != 2 or op.ref_iter_ns <= 0:
+            return False
+        first, second = (d - op.ref_iter_ns for d in done)
+        return first > 0 and second < 0.5 * first
 
     def _persistent(self, op: SlowLevel, max_start: int | None = None
                     ) -> tuple[int, bool, list[str], list[int]] | None:

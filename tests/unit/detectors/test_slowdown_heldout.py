@@ -179,3 +179,22 @@ def test_slow_ring_hop_without_queue_telemetry_is_an_unknown_link(tmp_path: Path
     _, named = _run(with_rows, tmp_path / "rows")
     assert [sorted(a["link"] or []) for a in named] == [[7, 8]]
     assert "link_candidates" not in named[0]
+
+
+def test_a_pause_and_its_spill_over_do_not_open_an_anomaly(tmp_path: Path) -> None:
+    """A GC pause on rank 3 makes iteration 9 30% long and spills into iteration 10 (10%),
+    where rank 3 tops the roots again: two iterations whose excess halves are a transient,
+    not a fail-slow. The real fault that follows (rank 21 1.6x slower and its pipeline link
+    to 37 2.9x slower) is then a level of its own, reported as one mixed anomaly."""
+    spec = hg.Spec(tp=2, pp=4, dp=8, microbatches=8, iterations=29, gpus_per_node=8,
+                   forward_ms=4.637, backward_ratio=2.019, last_stage=1.107, pp_bytes=64 << 20,
+                   dp_bytes=256 << 20, jitter="bimodal", jitter_scale=0.03,
+                   comm_jitter="lognormal", seqlen_sigma=0.0197, gc_prob=0.0015625,
+                   skew_ms=4.1, drift_ppm=33.3, missing_t_start=0.3, fmt="jsonl",
+                   seed=1213843701,
+                   faults=[hg.Fault("compute", 21, start=12, end=24, factor=1.63),
+                           hg.Fault("communication", 21, peer=37, start=12, end=24,
+                                    factor=2.88)])
+    _, found = _run(spec, tmp_path / "mixed")
+    assert [(a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
+        ("mixed", [21], [21, 37])]
