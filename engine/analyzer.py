@@ -33,7 +33,12 @@ from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.engine import registry
 from failslow.engine.dedup import CollDeduplicator
-from failslow.engine.probes import apply_probe_rows, carry_probe_evidence
+from failslow.engine.probes import (
+    ProbeRequest,
+    ProbeRequester,
+    apply_probe_rows,
+    carry_probe_evidence,
+)
 from failslow.engine.registry import JobConfig
 from failslow.events import JobMeta
 from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner
@@ -62,6 +67,9 @@ class Output:
     iterations: pa.Table = field(default_factory=lambda: results.empty("iterations"))
     #: mitigation advice decided on these iterations and reports (Greyhound §5.1)
     advice: list[Advice] = field(default_factory=list)
+    #: probes of the open anomalies' suspects to ask the node agents for (issue 17; only
+    #: for jobs with probes enabled)
+    probe_requests: list[ProbeRequest] = field(default_factory=list)
 
 
 class JobAnalyzer:
@@ -85,6 +93,9 @@ class JobAnalyzer:
         self.dedup = CollDeduplicator()
         #: ranks that sent at least one ``coll`` row (see ``_unknown_roots``)
         self.observed = np.zeros(max(meta.world_size, 1), dtype=bool)
+        #: who is asked to confirm a suspect (off unless the job is in ``probe_jobs``)
+        self.requester = ProbeRequester(meta, self.config.probe_jobs,
+                                        self.config.probe_deadline_s)
         self.planner: MitigationPlanner | None = None
         if self.config.planner is not None:
             self.planner = MitigationPlanner(
@@ -131,7 +142,8 @@ class JobAnalyzer:
         found += apply_probe_rows(self._anomalies, batch.get("probe"))
         iterations = derived.get("iterations", results.empty("iterations"))
         rounds = derived.get("rounds", results.empty("rounds"))
-        return Output(found, rounds, iterations, self._advise(iterations, found))
+        return Output(found, rounds, iterations, self._advise(iterations, found),
+                      self.requester.requests(found))
 
     def on_tick(self, now_ns: int) -> Output:
         found: list[Anomaly] = []
@@ -139,7 +151,8 @@ class JobAnalyzer:
             reports = self._guard(name, partial(det.on_tick, now_ns), list[Anomaly]())
             self._record(reports)
             found += reports
-        return Output(found, advice=self._advise(None, found))
+        return Output(found, advice=self._advise(None, found),
+                      probe_requests=self.requester.requests(found))
 
     def end_post_mortem(self, last_event_ns: int) -> Output:
         """The trace is a snapshot taken after the job stopped (Flight Recorder dumps): no
@@ -236,6 +249,7 @@ class JobAnalyzer:
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
+                "probes_asked": sorted(self.requester.asked),
                 "observed": {"n": len(self.observed), "bits": base64.b64encode(
                     np.packbits(self.observed).tobytes()).decode()}}
 
@@ -257,6 +271,7 @@ class JobAnalyzer:
         if self.planner is not None and state.get("planner") is not None:
             self.planner.restore(state["planner"])
         self.failed = dict(state.get("failed", {}))
+        self.requester.asked = set(state.get("probes_asked", ()))
         self.dedup.dropped = int(state.get("duplicates_dropped", 0))
         seen = state.get("observed")
         if seen is not None:

@@ -44,6 +44,11 @@ class JobConfig:
     #: the detectors that run, by registry name (None: all; ``linkrate`` also needs its
     #: config); a detector whose input another one derives brings that one along
     detectors: frozenset[str] | None = None
+    #: active validation (issue 17): the jobs whose suspects may be probed (``*``: all) and
+    #: the time a probe may take
+    probe_jobs: frozenset[str] = field(
+        default_factory=lambda: get_settings().probes.enabled_jobs())
+    probe_deadline_s: float = field(default_factory=lambda: get_settings().probes.deadline_s)
 
     def enabled(self, name: str) -> bool:
         if name == "linkrate" and self.linkrate is None:
@@ -103,13 +108,17 @@ def build(meta: JobMeta, config: JobConfig, known: Known) -> dict[str, Detector]
 
 #: Record kinds the what-if analysis reads besides the detectors' (ByteDance §3).
 WHATIF_KINDS = frozenset({"coll", "span"})
+#: Record kinds the engine itself reads: probe outcomes, evidence on open anomalies
+#: (:mod:`failslow.engine.probes`).
+ENGINE_KINDS = frozenset({"probe"})
 
 
 def input_kinds(config: JobConfig | None = None) -> tuple[str, ...]:
     """The record kinds (events.md) the engine reads for a job: those of its enabled
-    detectors (all without ``config``) and of the what-if analysis, in contract order.
+    detectors (all without ``config``), of the what-if analysis and the probe outcomes, in
+    contract order.
     Online and offline read exactly these."""
-    wanted: set[str] = set(WHATIF_KINDS)
+    wanted: set[str] = set(WHATIF_KINDS | ENGINE_KINDS)
     for e in REGISTRY:
         if config is None or config.enabled(e.name):
             wanted |= e.cls.kinds  # type: ignore[attr-defined]

@@ -413,6 +413,9 @@ class Jobs:
         if advice:
             part.advice.extend(advice)
             self.stats.advice += len(advice)
+        asks = None if isinstance(out, list) else getattr(out, "probe_requests", None)
+        if asks:
+            part.probe_requests.extend(asks)
 
     def diagnosis_rows(self, parts: list[Partition]) -> None:
         """A ``diagnoses`` row for every job of ``parts`` whose summary changed."""

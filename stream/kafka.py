@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow.engine.probes import PROBE_REQUESTS_TOPIC
 from failslow.stream.sink import ADVICE_TOPIC
 from failslow.stream.transport import (
     ANOMALIES_TOPIC,
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 
 #: Every topic the pipeline uses (created on connect).
 ALL_TOPICS: tuple[str, ...] = (*EVENT_TOPICS, ANOMALIES_TOPIC, ADVICE_TOPIC,
-                               DEADLETTER_TOPIC)
+                               DEADLETTER_TOPIC, PROBE_REQUESTS_TOPIC)
 DEFAULT_GROUP = "failslow-processor"
 #: Largest message value published as one message; :meth:`KafkaTransport.publish` splits
 #: larger tables by rows. Below a broker's default ``message.max.bytes`` (1 MiB).

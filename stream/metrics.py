@@ -97,6 +97,9 @@ class ProcessorCollector(Collector):
                        stats.advice)
         yield _counter("advice_published_total", "Mitigation advice published.",
                        stats.advice_published)
+        yield _counter("probe_requests_published_total",
+                       "Probe requests sent to the node agents (active validation).",
+                       stats.probe_requests_published)
         yield _counter("whatif_results_total", "What-if results written.",
                        stats.whatif_results)
         yield _counter("checkpoints_total", "Checkpoints (sink write, then commit).",

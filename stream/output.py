@@ -5,6 +5,7 @@ while consumption is paused."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from failslow.engine.probes import PROBE_REQUESTS_TOPIC
 from failslow.mitigation.planner import advice_table
 from failslow.stream.config import ProcessorConfig
 from failslow.stream.partitions import Partition
@@ -88,6 +90,11 @@ class Writer:
                 value, headers = encode_advice(adv)
                 self.transport.produce(ADVICE_TOPIC, adv.job, value, headers)
                 self.stats.advice_published += 1
+            for ask in part.probe_requests:
+                # stamped now: an agent does not run a request older than its max age
+                ask = dataclasses.replace(ask, t=time.time_ns())
+                self.transport.produce(PROBE_REQUESTS_TOPIC, ask.job, ask.to_json(), {})
+                self.stats.probe_requests_published += 1
             self.stats.seconds["publish"] += time.perf_counter() - t0
         if tables:
             self.stats.last_checkpoint_ns = time.time_ns()

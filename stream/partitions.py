@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from failslow.engine.probes import ProbeRequest
 from failslow.mitigation.planner import Advice
 from failslow.stream.sink import AnomalyReport
 from failslow.stream.state import Cut
@@ -57,6 +58,7 @@ class Partition:
     reports: list[AnomalyReport] = field(default_factory=list)
     advice: list[Advice] = field(default_factory=list)
     whatif: list[WhatIfRow] = field(default_factory=list)
+    probe_requests: list[ProbeRequest] = field(default_factory=list)
     cuts: deque[Cut] = field(default_factory=deque)  # logged cuts to re-cut (recovery)
     done: set[int] = field(default_factory=set)  # seqs of logged cuts that were committed
     deferred: list[Message] = field(default_factory=list)  # after the next logged cut
@@ -96,6 +98,7 @@ class Partition:
         self.reports = []
         self.advice = []
         self.whatif = []
+        self.probe_requests = []
         self.ranges = {}
         self.messages = 0
         self.rows = 0

@@ -23,6 +23,8 @@ class ProcessorStats:
     anomalies_published: int = 0
     advice: int = 0  # mitigation advice made (planner decisions)
     advice_published: int = 0
+    #: probe requests sent to the node agents (issue 17)
+    probe_requests_published: int = 0
     whatif_results: int = 0
     checkpoints: int = 0
     sink_writes: int = 0
