@@ -47,7 +47,7 @@ class BinnedStats:
         self.meta = meta
         self.config = config
         self.registry = registry
-        self.gaps = GapTracker()
+        self.gaps = GapTracker(meta.microbatches)
         self.links = LinkTracker(meta)
         self.ccld = CCLDMonitor(config)
         self.shift = config.bin_shift
@@ -104,7 +104,10 @@ class BinnedStats:
             # previous (0: a peer equal to oneself)
             kind[p] = np.where(recv, np.where(pp < cc, 1, np.where(pp > cc, 2, 0)),
                                np.where(pp > cc, 3, np.where(pp < cc, 4, 0)))
-        r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind)
+        # without a pipeline, the tensor-parallel collectives place the passes
+        tp = self.registry.tp_rows(c["comm"]) if self.meta.pp == 1 and self.meta.tp > 1 \
+            else None
+        r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind, tp)
         if len(r):
             d = gap.astype(np.float64)
             self.comp.add({"bin": te >> self.shift, "rank": r, "d": d})

@@ -89,6 +89,12 @@ class CommRegistry:
             self._learning = True
         return rows_idx
 
+    def tp_rows(self, comm: np.ndarray) -> np.ndarray:
+        """Per row, whether its communicator is a known tensor-parallel one."""
+        pos, hit = self._find(np.asarray(comm, dtype=np.uint64))
+        tp = np.array([k == "tp" for k in self.kinds] or [False], dtype=bool)
+        return hit & tp[self._sorted_idx[pos]] if len(self.kinds) else hit
+
     def _find(self, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of ``comm`` values in the sorted communicator ids, and which are known."""
         if self._sorted is None:

@@ -168,11 +168,18 @@ def wait_graph(stats: BinnedStats, win: Window) -> WaitGraph:
     return WaitGraph(stats.registry, ok["rank"], ok["cidx"], ov, ik["cidx"], ik["waitee"], iv)
 
 
+#: one pass's compute grew this many times more than the other's: the stage is that pass
+#: (a straggler slowed in both passes stays within it; gaps that straddle the two passes
+#: blur the split)
+STAGE_RATIO = 1.15
+
+
 def compute_stage(stats: BinnedStats, ranks: list[int], win: Window) -> str | None:
-    """``forward`` or ``backward`` when only that pass of the root ranks' compute grew
-    (by more than 10%, the other by less than 5%), from framework spans when the trace
-    has them, else from the gaps placed in the pipeline schedule (:class:`GapTracker`);
-    None when both grew or neither is known."""
+    """``forward`` or ``backward`` when only that pass of the root ranks' compute grew:
+    from framework spans when the trace has them (:func:`_stage_of`), else from the gaps
+    placed in the pipeline schedule or among the tensor-parallel collectives
+    (:class:`GapTracker`), one pass :data:`STAGE_RATIO` times more than the other; None
+    when both grew alike or neither is known."""
     if not ranks:
         return None
     if len(stats.spans):
@@ -210,9 +217,9 @@ def compute_stage(stats: BinnedStats, ranks: list[int], win: Window) -> str | No
     if min(fw, fb, bw, bb) <= 0:
         return None
     r = (fw / bw) / (fb / bb)
-    if r > 1.10:
+    if r > STAGE_RATIO:
         return "forward"
-    if r < 1 / 1.10:
+    if r < 1 / STAGE_RATIO:
         return "backward"
     return None
 

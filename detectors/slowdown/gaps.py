@@ -34,8 +34,13 @@ class GapTracker:
     then backward on the last); there the first half of the segment's operations (as long
     as the rank's previous such segment) is the first pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, microbatches: int = 0) -> None:
+        #: micro-batches per iteration (meta; 0 unknown): the tensor-parallel rule below
+        self.microbatches = microbatches
         self.last_end = np.zeros(0, dtype=np.int64)
+        # per rank, without a pipeline: TP operations since the last other collective, and
+        # the length of the latest such run
+        self.tp_ctx = np.zeros((0, 2), dtype=np.int64)
         # per rank: kind of the latest point-to-point call (0 none, 1 recv from the previous
         # stage, 2 recv from the next, 3 send to the next, 4 send to the previous), calls
         # since it, the length of the latest segment after a receive of each direction,
@@ -48,13 +53,15 @@ class GapTracker:
             self.last_end = np.concatenate([self.last_end, np.full(add, NULL_TIME,
                                                                    dtype=np.int64)])
             self.ctx = np.concatenate([self.ctx, np.zeros((add, 6), dtype=np.int64)])
+            self.tp_ctx = np.concatenate([self.tp_ctx, np.zeros((add, 2), dtype=np.int64)])
 
     def update(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray,
-               p2p: np.ndarray | None = None
+               p2p: np.ndarray | None = None, tp: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Rows of one batch -> (rank, enter time, gap ns, pass) of the enters with a known
         end before them. ``p2p``: per row the point-to-point kind (see ``ctx``; 0 for a
-        collective)."""
+        collective); ``tp``: per row, a tensor-parallel collective (jobs without a
+        pipeline: :meth:`_tp_passes`)."""
         if len(rank) == 0:
             z = np.zeros(0, dtype=np.int64)
             return z, z, z, z
@@ -71,6 +78,9 @@ class GapTracker:
         sel = en & (prev != NULL_TIME)
         gap = np.maximum(tt[sel] - prev[sel], 0)
         passes = self._passes(r[en], kind[en])[sel[en]]
+        if tp is not None:
+            by_tp = self._tp_passes(r[en], tp[order][en])[sel[en]]
+            passes = np.where(passes == 0, by_tp, passes)
         ends = ~en
         if ends.any():
             er, et = r[ends], tt[ends]
@@ -149,15 +159,58 @@ class GapTracker:
         self.ctx[lr, 1] = np.where(is_p[lastrow], 0, since[lastrow] + 1)
         return out
 
+    def _tp_passes(self, r: np.ndarray, is_tp: np.ndarray) -> np.ndarray:
+        """Pass of the gap before each enter in a job without a pipeline (MEGATRACE §III-C's
+        stages from the operations alone): a micro-batch's tensor-parallel collectives come
+        half in its forward pass, half in its backward (Megatron: as many per layer in
+        each), so within a run of them between two other collectives (the gradient sync),
+        ``microbatches`` equal parts long, the gaps before the first half of each part's
+        operations are forward compute and the others backward, as is the gap that ends a
+        run. Unknown (0) until a run's length is known and splits so."""
+        n, m = len(r), self.microbatches
+        out = np.zeros(n, dtype=np.int64)
+        if n == 0:
+            return out
+        ordinal = np.arange(n)
+        first = np.concatenate(([True], r[1:] != r[:-1]))
+        start = np.maximum.accumulate(np.where(first, ordinal, 0))
+        other = ~is_tp
+        last_other = np.concatenate(([-1], np.maximum.accumulate(
+            np.where(other, ordinal, -1))[:-1]))
+        mine = last_other >= start
+        # TP operations of the current run before this row
+        run = np.where(mine, ordinal - last_other - 1, self.tp_ctx[r, 0] + ordinal - start)
+        closing = other & (run > 0)  # the row that ends a run: its length is ``run``
+        last_close = np.concatenate(([-1], np.maximum.accumulate(
+            np.where(closing, ordinal, -1))[:-1]))
+        seg = np.where(last_close >= start, run[np.maximum(last_close, 0)], self.tp_ctx[r, 1])
+        if m > 0:
+            per = seg // m
+            ok = (seg > 0) & (seg % m == 0) & (per >= 2) & (per % 2 == 0)
+            q = run % np.maximum(per, 1)
+            tp_rows = is_tp & ok
+            out[tp_rows] = np.where(2 * q[tp_rows] < per[tp_rows], PASS_FWD, PASS_BWD)
+            out[closing & ok] = PASS_BWD
+        last = np.flatnonzero(np.append(r[1:] != r[:-1], True))
+        lr = r[last]
+        self.tp_ctx[lr, 0] = np.where(is_tp[last], run[last] + 1, 0)
+        self.tp_ctx[lr, 1] = np.where(closing[last], run[last], seg[last])
+        return out
+
     def snapshot(self) -> dict[str, Any]:
-        return {"last_end": self.last_end.tolist(), "ctx": self.ctx.tolist()}
+        return {"last_end": self.last_end.tolist(), "ctx": self.ctx.tolist(),
+                "tp_ctx": self.tp_ctx.tolist()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.last_end = np.array(state["last_end"], dtype=np.int64)
+        n = len(self.last_end)
         self.ctx = np.array(state.get("ctx", []), dtype=np.int64).reshape(-1, 6)
-        if len(self.ctx) < len(self.last_end):
-            self.ctx = np.concatenate([self.ctx, np.zeros((len(self.last_end)
-                                                           - len(self.ctx), 6), np.int64)])
+        if len(self.ctx) < n:
+            self.ctx = np.concatenate([self.ctx, np.zeros((n - len(self.ctx), 6), np.int64)])
+        self.tp_ctx = np.array(state.get("tp_ctx", []), dtype=np.int64).reshape(-1, 2)
+        if len(self.tp_ctx) < n:
+            self.tp_ctx = np.concatenate([self.tp_ctx,
+                                          np.zeros((n - len(self.tp_ctx), 2), np.int64)])
 
 
 def _rank_time_order(rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray) -> np.ndarray:

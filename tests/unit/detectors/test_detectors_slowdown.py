@@ -249,6 +249,35 @@ def test_gap_tracker_places_gaps_in_the_pipeline_schedule() -> None:
     assert passes[compute].tolist() == [PASS_FWD, PASS_FWD, PASS_BWD, PASS_BWD] * 4
 
 
+def test_gap_tracker_places_gaps_among_tensor_parallel_collectives() -> None:
+    """No pipeline: two micro-batches of four TP all-reduces each (two in the forward, two
+    in the backward), then the DP gradient sync. Once a run's length is known, the gaps
+    before each micro-batch's first two TP operations are forward, the others and the gap
+    before the sync backward; however the rows are batched."""
+    from failslow.detectors.slowdown import PASS_BWD, PASS_FWD, GapTracker
+
+    rows = []  # (t, enter?, tp?)
+    t = 0
+    for _ in range(3):  # iterations
+        for _ in range(2 * 4):
+            t += 10  # compute
+            rows += [(t, True, True), (t + 1, False, True)]
+            t += 2
+        t += 10
+        rows += [(t, True, False), (t + 1, False, False)]  # DP sync
+        t += 2
+    arr = np.array(rows, dtype=np.int64)
+    F, B = PASS_FWD, PASS_BWD
+    want = [0] * 9 + ([F, F, B, B] * 2 + [B]) * 2  # the first run only measures itself
+    for cuts in ((len(arr),), (5, 17, 31, 40)):
+        g = GapTracker(microbatches=2)
+        parts = np.split(arr, list(cuts)[:-1]) if len(cuts) > 1 else [arr]
+        out = [g.update(np.zeros(len(p), dtype=np.int64), p[:, 0], p[:, 1].astype(bool),
+                        None, p[:, 2].astype(bool)) for p in parts]
+        passes = np.concatenate([o[3] for o in out])
+        assert passes.tolist() == want[len(want) - len(passes):]
+
+
 def test_forward_only_slowdown_without_spans() -> None:
     job = generate(tp=2, pp=2, dp=2, iterations=40, faults=[
         Fault("compute", 15, 30, 2.0, rank=1, phase="forward")])
