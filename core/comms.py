@@ -32,6 +32,11 @@ def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False)
         return only[0] if len(only) == 1 and (only[0] != "pp" or p2p_only) else "world"
     arr = np.asarray(ranks, dtype=np.int64)
     orders = [_DIMS, *[o for o in itertools.permutations(_DIMS) if o != _DIMS]]
+    if p2p_only and n == 2 and meta.pp > 1 and any(
+            _varying(arr, order, degrees) == ["pp"] for order in orders):
+        # a point-to-point pair that some rank order makes pipeline neighbours is one:
+        # data and tensor parallelism do not use send / recv pairs
+        return "pp"
     for order in orders:
         stride = 1
         coords = {}
@@ -44,6 +49,17 @@ def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False)
         if len(varying) == 1 and p2p_only and n == 2:
             return varying[0]
     return "pp" if p2p_only else "other"
+
+
+def _varying(arr: np.ndarray, order: Sequence[str], degrees: dict[str, int]) -> list[str]:
+    """The dimensions in which ranks ``arr`` differ under rank ``order``."""
+    stride, out = 1, []
+    for dim in order:
+        coord = (arr // stride) % max(1, degrees[dim])
+        if len(np.unique(coord)) > 1:
+            out.append(dim)
+        stride *= max(1, degrees[dim])
+    return out
 
 
 def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:

@@ -104,6 +104,11 @@ def test_infer_comm_kinds_from_membership() -> None:
     pure_pp = dataclasses.replace(meta, tp=1, pp=16, dp=1)
     assert infer_comm_kind(list(range(16)), pure_pp) == "world"
     assert infer_comm_kind(list(range(16)), pure_pp, p2p_only=True) == "pp"
+    # a send/recv pair that is a pipeline pair in another rank order than Megatron's
+    # (tp, pp, dp: 50 and 52 are stages 1 and 2), where Megatron's order would make it dp
+    big = dataclasses.replace(meta, world_size=64, tp=2, pp=4, dp=8)
+    assert infer_comm_kind([50, 52], big, p2p_only=True) == "pp"
+    assert infer_comm_kind([50, 52], big) == "other"
 
 
 def test_infer_comms_from_rows_matches_meta() -> None:
