@@ -71,16 +71,23 @@ def _steps(ops: CollOps, names: np.ndarray, main: np.ndarray, stage_of: np.ndarr
            p2p_per_step: np.ndarray | None) -> np.ndarray:
     """Step number of every main operation: that of the latest step-opening operation of
     its rank. Steps open with the params-sync (numbered by its round over the DP
-    collectives per step); without DP, with the first pipeline operation of the step
+    collectives per step); without one and without a pipeline, right after the previous
+    step's gradient sync; without DP, with the first pipeline operation of the step
     (numbered by its ``seq`` over the stage's pipeline operations per step)."""
     marks = np.flatnonzero(main & (names == "params-sync"))
+    grads = np.flatnonzero(main & (names == "grads-sync"))
+    after = 0  # marks open their step at their enter (0) or just after it (1)
+    if not marks.size and grads.size and not (main & (ops.kind == _K["pp"])).any():
+        # no params-sync and no pipeline (data parallelism with an all-reduce): a step ends
+        # with its gradient sync, so the operations after one belong to the next step
+        marks, after = grads, 1
     if marks.size:
-        # DP collectives per step on each communicator: the seq step between params-syncs
+        # DP collectives per step on each communicator: the seq step between marks
         order = np.lexsort((ops.seq[marks], ops.rank[marks]))
         seqs, ranks = ops.seq[marks][order].astype(np.int64), ops.rank[marks][order]
         diff = np.diff(seqs)[ranks[1:] == ranks[:-1]]
         per = int(np.bincount(diff[diff > 0]).argmax()) if (diff > 0).any() else 1
-        step_of = ops.seq[marks].astype(np.int64) // per
+        step_of = ops.seq[marks].astype(np.int64) // per + after
     else:
         pp = np.flatnonzero(main & (ops.kind == _K["pp"]))
         if pp.size == 0 or p2p_per_step is None:
@@ -98,7 +105,7 @@ def _steps(ops: CollOps, names: np.ndarray, main: np.ndarray, stage_of: np.ndarr
     idx = np.flatnonzero(main)
     base = int(ops.enter.min()) - 1
     width = int(ops.enter.max()) - base + 2
-    key = ops.rank[marks] * width + (ops.enter[marks] - base)
+    key = ops.rank[marks] * width + (ops.enter[marks] - base + after)
     srt = np.argsort(key)
     q = ops.rank[idx] * width + (ops.enter[idx] - base)
     j = np.clip(np.searchsorted(key[srt], q, side="right") - 1, 0, None)
