@@ -1,10 +1,10 @@
 """Per-link transfer-rate samples from ``coll`` end rows (events.md).
 
-A *link* is a pair of global ranks whose traffic crosses nodes (or, for a DP or PP group
-that lies within one node, the NVLink / PCIe path between two of its members; tensor
-parallelism within a node is left out): a point-to-point pair (both
-directions together), or a ring hop ``member i -> member i+1`` (communicator-rank order,
-cyclic) of an all-reduce, all-gather or reduce-scatter. Each end row gives one sample,
+A *link* is a point-to-point pair (both directions together; inside a node too: its own
+NVLink / PCIe path), or a ring hop ``member i -> member i+1`` (communicator-rank order,
+cyclic) of an all-reduce, all-gather or reduce-scatter whose traffic crosses nodes (or, for
+a DP or PP group that lies within one node, the path between two of its members; tensor
+parallelism within a node is left out). Each end row gives one sample,
 ``bytes / transfer time``: ``end - t_start`` when ``t_start`` is known (the device's own
 transfer, free of waiting and of cross-node clock offsets); otherwise ``end - enter`` on the
 same rank's clock, which includes the wait for late peers -- the member that entered last
@@ -244,7 +244,7 @@ class SampleExtractor:
         b = np.where(lo_first, other, me)
         good = ((dur > 0) & (is_p2p | is_ring) & (other >= 0) & (other != me)
                 & (nbytes[e] >= self.min_bytes)
-                & ((self.node(me) != self.node(other)) | inside)
+                & ((self.node(me) != self.node(other)) | inside | is_p2p)
                 & ((sz > 1) | is_p2p))
         if not good.any():
             return empty

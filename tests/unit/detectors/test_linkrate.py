@@ -187,3 +187,15 @@ def test_ring_member_without_t_start_is_not_a_slow_hop() -> None:
     diag = run_analyzer(meta, tables).diagnosis().to_dict()
     assert _linkrate(diag) == []
     assert [sorted(a["ranks"]) for a in diag["anomalies"]] == [[0, 20]]
+
+
+def test_slow_pipeline_pair_inside_one_node_is_its_link() -> None:
+    """Pipeline neighbours 1 and 2 on one node of a pipeline that spans two nodes (rank
+    order pp, tp, dp; four GPUs a node), their send/recv 4x slower: a point-to-point pair
+    is its own path, inside a node too, so the link is named."""
+    spec = S(tp=1, pp=8, dp=4, microbatches=8, iterations=30, order=("pp", "tp", "dp"),
+             gpus_per_node=4, pp_bytes=32 << 20, seed=2069,
+             faults=[F("communication", 1, peer=2, start=10, end=22, factor=4.0)])
+    meta, tables, _ = _tables(spec)
+    found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
+    assert [(a["link"], a["stage"]) for a in found] == [([1, 2], "pp_p2p")]
