@@ -28,6 +28,7 @@ from failslow.dashboards.panels_base import (
     ts,
     who,
 )
+from failslow.dashboards.panels_probes import fleet_probe_panel, job_probe_panel
 from failslow.dashboards.severity import sql_severity
 
 
@@ -107,6 +108,7 @@ LIMIT 500"""
                      "the strategy should be in effect now, revert = undo it (the anomaly "
                      "ended), skip = not applicable to this job.", width=24, height=6,
                      links=(("job", job_link()),)),
+            fleet_probe_panel(),
             PanelDef("Iteration time by job", "timeseries",
                      f"SELECT $__timeInterval({ts('t_end')}) AS time, job AS job_name, "
                      f"avg(duration_ns) / 1e6 AS iteration_ms FROM {DB}.iterations FINAL "
@@ -395,6 +397,7 @@ LIMIT 200"""
                      ("time", "rank_label", "iteration_ms"), "The selected ranks.",
                      unit="ms", width=24, fmt=TIMESERIES),
             *whatif_panels(),
+            job_probe_panel(),
         ),
         annotations=(
             AnnotationDef(

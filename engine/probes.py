@@ -14,8 +14,9 @@ zero-payload probes): which suspects to probe, and what the probes' ``probe`` ro
 - :func:`apply_probe_evidence` reads the rows that answer an anomaly's requests (the request id
   names the anomaly): a ``p2p`` pair clearly slower than its reference names the link, a
   ``gemm`` confirms or clears a compute rank, a failed or timed-out probe changes nothing but
-  says why, and ``extra["probe_cost"]`` counts the probes' own seconds and the training time
-  they may have cost.
+  says why (``extra["probe"]["not_run"]``; :func:`apply_probe_rows` logs one line), and
+  ``extra["probe_cost"]`` counts the probes' own seconds and the training time they may have
+  cost.
 - :func:`apply_probe_rows` and :func:`carry_probe_evidence` are the engine's hooks: the first
   applies a batch's ``probe`` rows to the anomalies they answer, the second keeps that evidence
   when a detector re-reports the anomaly.
@@ -24,6 +25,7 @@ zero-payload probes): which suspects to probe, and what the probes' ``probe`` ro
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,8 @@ import pyarrow as pa
 
 from failslow.diagnosis import Anomaly
 from failslow.events import PROBE_KINDS, JobMeta
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PROBE_REQUESTS_TOPIC", "ProbeRequest", "ProbeRequester", "apply_probe_evidence",
            "apply_probe_rows", "carry_probe_evidence", "request_id", "parse_request_id"]
@@ -261,9 +265,7 @@ def apply_probe_evidence(anomaly: Anomaly, probe_rows: Iterable[Mapping[str, Any
         return False
     rows = sorted(runs.values(), key=lambda r: str(r["request"]))
     ev = {"runs": rows}
-    problems = [f"{r['probe']} {r['rank']}" + ("" if r.get("peer") is None else f"-{r['peer']}")
-                + f": {r['status']} ({r.get('detail') or 'no detail'})"
-                for r in rows if r["status"] != "ok"]
+    problems = [_not_run(r) for r in rows if r["status"] != "ok"]
     if problems:
         ev["not_run"] = problems
     ok = [r for r in rows if r["status"] == "ok" and r.get("elapsed_ns")]
@@ -274,6 +276,7 @@ def apply_probe_evidence(anomaly: Anomaly, probe_rows: Iterable[Mapping[str, Any
         ev.update(_p2p_verdict(anomaly, p2p))
     if gemm:
         ev.update(_gemm_verdict(anomaly, gemm))
+        ev.setdefault("verdict", _gemm_text(ev))
     if rtt:  # MEGATRACE: a path that answers is up; one that does not is a candidate
         ev["rtt"] = [{"pair": [r["rank"], r["peer"]], "answered": r["status"] == "ok",
                       "elapsed_ns": r.get("elapsed_ns")} for r in rtt]
@@ -282,6 +285,12 @@ def apply_probe_evidence(anomaly: Anomaly, probe_rows: Iterable[Mapping[str, Any
     anomaly.extra["probe"] = ev
     anomaly.extra["probe_cost"] = probe_cost(rows)
     return json.dumps(anomaly.to_dict(), sort_keys=True, default=str) != before
+
+
+def _not_run(r: Mapping[str, Any]) -> str:
+    """Why a probe gave no measurement, in words."""
+    return (f"{r['probe']} {r['rank']}" + ("" if r.get("peer") is None else f"-{r['peer']}")
+            + f": {r['status']} ({r.get('detail') or 'no detail'})")
 
 
 def _role(row: Mapping[str, Any]) -> str:
@@ -330,6 +339,14 @@ def _gemm_verdict(anomaly: Anomaly, rows: list[Mapping[str, Any]]) -> dict[str, 
     return {"gemm": ranks, "gpu_confirmed": confirmed, "gpu_cleared": cleared}
 
 
+def _gemm_text(ev: Mapping[str, Any]) -> str:
+    """The GEMM evidence in words (the link verdict, when there is one, comes first)."""
+    said = [f"{what} on rank {','.join(str(r) for r in ev[key])}"
+            for key, what in (("gpu_confirmed", "GPU slow"), ("gpu_cleared", "GPU healthy"))
+            if ev.get(key)]
+    return "; ".join(said) or "inconclusive: no probed GPU clearly slow or healthy"
+
+
 # ---------------------------------------------------------------------------------------------
 # engine hooks
 
@@ -351,10 +368,27 @@ def apply_probe_rows(anomalies: MutableMapping[str, Anomaly],
     out = []
     for aid, answered in by_anomaly.items():
         copy = Anomaly.from_dict(anomalies[aid].to_dict())
+        _log_not_run(anomalies[aid], answered)
         if apply_probe_evidence(copy, answered):
             anomalies[aid] = copy
             out.append(copy)
     return out
+
+
+def _log_not_run(anomaly: Anomaly, rows: list[dict[str, Any]]) -> None:
+    """One line per anomaly and batch for the probes that newly timed out, failed or were
+    skipped (a warning, or info when all were only refused): they change nothing in the
+    diagnosis, and the line says why."""
+    seen = {r.get("request"): r.get("status")
+            for r in (anomaly.extra.get("probe") or {}).get("runs", [])}
+    new = [r for r in rows if r.get("status") != "ok"
+           and seen.get(r.get("request")) != r.get("status")]
+    if new:  # a refusal (rate limit, busy rank) is routine; a timeout or failure is not
+        level = (logging.INFO if all(r.get("status") == "skipped" for r in new)
+                 else logging.WARNING)
+        log.log(level, "job %s: %d probe(s) of anomaly %s gave no measurement, its diagnosis "
+                "is left as it was: %s", new[0].get("job") or "?", len(new), anomaly.id,
+                "; ".join(_not_run(r) for r in new))
 
 
 def carry_probe_evidence(previous: Anomaly | None, report: Anomaly) -> None:

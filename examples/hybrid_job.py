@@ -349,8 +349,11 @@ def _parse_fault(text: str | None, n: int) -> tuple[int, ...] | None:
 def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int = 128,
         ffn: int = 512, batch: int = 32, straggler: str | None = None, hang: str | None = None,
         advice: str | None = None, stall_s: float = 6.0, timeout_s: float = 120.0,
-        job: str = "example", slow_link: str | None = None) -> dict[str, Any]:
-    """Run the job, then the agent over its rings; returns a summary (``hung``, times)."""
+        job: str = "example", slow_link: str | None = None,
+        probes: float | None = None) -> dict[str, Any]:
+    """Run the job, then the agent over its rings; returns a summary (``hung``, times).
+    ``probes``: the agent runs a validation probe every that many seconds
+    (:mod:`examples.probing`)."""
     import torch.optim  # noqa: F401 -- imported once here, shared by the forked ranks
 
     with contextlib.suppress(ImportError):
@@ -369,7 +372,7 @@ def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int 
         return _run(out, iters=iters, microbatches=microbatches, hidden=hidden, ffn=ffn,
                     batch=batch, straggler=straggler, hang=hang, advice=advice,
                     stall_s=stall_s, timeout_s=timeout_s, job=job, link=link,
-                    link_from=link_from)
+                    link_from=link_from, probes=probes)
     finally:
         if link:
             link.__exit__()
@@ -377,7 +380,8 @@ def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int 
 
 def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: int, batch: int,
          straggler: str | None, hang: str | None, advice: str | None, stall_s: float,
-         timeout_s: float, job: str, link: SlowLink | None, link_from: int) -> dict[str, Any]:
+         timeout_s: float, job: str, link: SlowLink | None, link_from: int,
+         probes: float | None = None) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from failslow.collectors.agent import Agent, TraceDirSink
@@ -405,6 +409,10 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     agent = Agent(TraceDirSink(out), ring_dir, job=job, collectors={"gpu": False, "rdma": False},
                   degrees={"tp": TP, "pp": PP, "dp": DP}, microbatches=microbatches,
                   schedule="1f1b", rank_nodes=rank_nodes)
+    if probes is not None:  # as ``failslow agent --probes``, requests from examples.probing
+        from examples.probing import service
+
+        agent.probes = service(job, WORLD, TP * PP, probes)
     for p in procs:
         p.start()
     hung, last, last_change = False, -1, time.monotonic()
@@ -426,7 +434,10 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
                 break
             if client is not None:
                 _publish_plan(plan, client.refresh(), progress)
+            drained = len(agent._pending)
             agent.drain_rings()
+            if agent.probes is not None:  # sees the new coll rows (busy ranks), runs probes
+                agent._pending += agent.probes.poll(agent._pending[drained:])
             time.sleep(0.1)
     except BaseException:
         shutil.rmtree(ring_dir, ignore_errors=True)
@@ -438,6 +449,7 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
             p.join()
     failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
     agent.close()  # drains what is left; rings of the (dead) ranks are removed
+    probe_counts = None if agent.probes is None else dict(agent.probes.runner.counts)
     if hung:  # a snapshot of a job that stopped making progress (failslow analyze semantics)
         (out / "import.json").write_text(json.dumps({"post_mortem": True,
                                                      "source": "examples.hybrid_job"}))
@@ -450,7 +462,8 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     progress_file.unlink(missing_ok=True)
     (out / "iteration_times.json").write_text(json.dumps(times))
     return {"hung": hung, "failed": [] if hung else failed, "times": times,
-            "records": agent.stats["records"], "wall_s": time.monotonic() - t0}
+            "records": agent.stats["records"], "wall_s": time.monotonic() - t0,
+            "probes": probe_counts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,9 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-link", help="A:B:MBIT[:FROM_ITER]: netns + tc rate limit on link A-B "
                     "(root; A in DP replica 0, B in replica 1)")
     ap.add_argument("--stall-s", type=float, default=6.0)
+    ap.add_argument("--probes", type=float, metavar="SECONDS",
+                    help="the node agent runs a validation probe every SECONDS (gemm, p2p; "
+                    "rate-limited as failslow agent --probes; examples/probing.py)")
     a = ap.parse_args(argv)
     summary = run(a.out, iters=a.iters, microbatches=a.microbatches, straggler=a.straggler,
-                  hang=a.hang, advice=a.advice, stall_s=a.stall_s, slow_link=a.slow_link)
+                  hang=a.hang, advice=a.advice, stall_s=a.stall_s, slow_link=a.slow_link,
+                  probes=a.probes)
     summary.pop("times")
     print(json.dumps(summary))
     return 0 if not summary["failed"] else 1

@@ -10,6 +10,15 @@ a :class:`PlanSource`) is infeasible or predicted not to help is skipped, and th
 moves on when the impact reaches the next cost. When the anomaly resolves, the applied
 reversible strategies are reverted, the last applied first.
 
+Active validation counts as rent paid (issue 17): the training time an anomaly's probes may
+have cost (``extra["probe_cost"]["training_lost_s"]``, :mod:`failslow.engine.probes`) is
+added to its accumulated impact once, when a report carries it. §5.1's impact is what the
+fail-slow has cost the job so far, and validation is part of that (§4.3: it exists only to
+locate the fail-slow; §7.5 counts detection and validation overhead in the end-to-end
+throughput). The figure is an upper bound that may overlap the slow iterations' excess
+(probes share the GPU or link with a running job), so it can escalate a strategy at most
+that many seconds of impact early; a probe that did not run costs nothing.
+
 Advice is an event. ``Advice.to_dict()`` is the payload for the advice topic, webhooks and
 dashboards; :data:`ADVICE_SCHEMA` the Arrow schema of its rows (``Advice.to_row()``, the
 plan as JSON text) for ClickHouse. Shape (version 1)::
@@ -211,6 +220,8 @@ class _Open:
     slow_iterations: int = 0
     slow_total_s: float = 0.0
     plans: dict[str, Any] = field(default_factory=dict)
+    #: training seconds lost to the anomaly's probes, charged to ``impact_s`` so far
+    probe_s: float = 0.0
 
 
 class MitigationPlanner:
@@ -281,6 +292,8 @@ class MitigationPlanner:
                     advice += self._backfill(state)
                 else:
                     state.anomaly = a
+                if self._charge_probes(state):
+                    advice += self._escalate(state, _report_time(a))
             elif state is not None:
                 state.anomaly = a
                 advice += self._close(state, a.end_ns)
@@ -295,6 +308,20 @@ class MitigationPlanner:
             state.slow_total_s += float(durations.sum())
             if healthy is not None:
                 state.impact_s += float(np.clip(durations - healthy, 0, None).sum())
+
+    def _charge_probes(self, state: _Open) -> bool:
+        """Add the training time lost to the anomaly's probes not charged yet (module
+        docstring); whether the impact grew."""
+        cost = state.anomaly.extra.get("probe_cost") or {}
+        try:
+            lost = float(cost.get("training_lost_s") or 0.0)
+        except (TypeError, ValueError):
+            return False
+        if not lost > state.probe_s:
+            return False
+        state.impact_s += lost - state.probe_s
+        state.probe_s = lost
+        return True
 
     def _backfill(self, state: _Open) -> list[Advice]:
         """A newly reported anomaly is charged the iterations since its ``start_ns`` that
@@ -367,7 +394,8 @@ class MitigationPlanner:
             if state.impact_s < cost:
                 break
             plan = self._plan(strategy, state.anomaly)
-            reason = f"impact {state.impact_s:.3g} s >= cost {cost:.3g} s"
+            probes = f" (probes {state.probe_s:.3g} s)" if state.probe_s else ""
+            reason = f"impact {state.impact_s:.3g} s{probes} >= cost {cost:.3g} s"
             if plan is not None and not plan.get("feasible", True):
                 state.skipped.append(strategy)
                 why = plan.get("reason") or plan.get("note") or "predicted not to help"
@@ -399,7 +427,8 @@ class MitigationPlanner:
                 "open": {k: {"anomaly": v.anomaly.to_dict(), "impact_s": v.impact_s,
                              "next_index": v.next_index, "applied": v.applied,
                              "skipped": v.skipped, "slow_iterations": v.slow_iterations,
-                             "slow_total_s": v.slow_total_s, "plans": v.plans}
+                             "slow_total_s": v.slow_total_s, "plans": v.plans,
+                             "probe_s": v.probe_s}
                          for k, v in self._open.items()}}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -411,7 +440,8 @@ class MitigationPlanner:
         self._open = {k: _Open(Anomaly.from_dict(v["anomaly"]), v["impact_s"], v["next_index"],
                                list(v["applied"]), list(v.get("skipped", [])),
                                int(v.get("slow_iterations", 0)),
-                               float(v.get("slow_total_s", 0.0)), dict(v.get("plans", {})))
+                               float(v.get("slow_total_s", 0.0)), dict(v.get("plans", {})),
+                               float(v.get("probe_s", 0.0)))
                       for k, v in state["open"].items()}
 
 

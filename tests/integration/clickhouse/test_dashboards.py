@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import probe_rows
 
 from conftest import REPO, SMALL
 from failslow import cli
@@ -48,6 +49,8 @@ class Loaded:
     t1: int
     world: dict[str, int]
     truth: list[Anomaly]  # what was injected into sim-small
+    probes: list[dict[str, Any]]  # probe rows of sim-small's anomalies
+    probed: list[Anomaly]  # those anomalies with the probes' evidence
 
     def run(self, sql: str) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
         result = self.client.query(sql)
@@ -143,12 +146,16 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
             if job != VERSIONS_JOB:
                 anomalies.setdefault(job, []).append(a)
         t0, t1 = client.query(f"SELECT min(t), max(t) FROM {DEMO_DATABASE}.coll").result_rows[0]
+        # the probes the node agents ran for sim-small's anomalies (issue 17)
+        probes = probe_rows.load(client, DEMO_DATABASE, "sim-small", anomalies["sim-small"],
+                                 {a.id: min(a.detected_ns or t0, t1)
+                                  for a in anomalies["sim-small"]})
         world = dict(client.query(f"SELECT job, world_size FROM {DEMO_DATABASE}.meta FINAL")
                      .result_rows)
         from failslow.simulator import load_scenario, simulate
 
         truth = simulate(load_scenario(tmp / "small.yaml"), 0).truth.anomalies
-        yield Loaded(client, anomalies, int(t0), int(t1), world, truth)
+        yield Loaded(client, anomalies, int(t0), int(t1), world, truth, *probes)
     finally:
         client.close()
 
@@ -315,6 +322,41 @@ def _check_whatif_steps(rows: Rows, loaded: Loaded) -> None:
     assert len({r["worker"] for r in rows}) == 8 and len({r["time"] for r in rows}) >= 25
 
 
+def _check_fleet_probes(rows: Rows, loaded: Loaded) -> None:
+    """One row for the probed job: every outcome counted, and the figures are the sum of
+    the anomalies' probe_cost in the diagnosis."""
+    from failslow.engine.probes import probe_cost
+
+    [r] = rows
+    statuses = [p["status"] for p in loaded.probes]
+    assert (r["job"], r["probes"], r["ok"], r["timed_out"], r["failed"], r["skipped"]) == (
+        "sim-small", len(statuses), statuses.count("ok"), statuses.count("timeout"),
+        statuses.count("failed"), statuses.count("skipped"))
+    assert r["anomalies_probed"] == len(loaded.probed) >= 2 and statuses.count("ok") >= 3
+    cost = probe_cost(loaded.probes)
+    assert (r["probe_s"], r["training_lost_s"]) == (round(cost["probe_s"], 3),
+                                                    round(cost["training_lost_s"], 3))
+    assert math.isclose(r["training_lost_s"], sum(
+        a.extra["probe_cost"]["training_lost_s"] for a in loaded.probed), abs_tol=1e-3)
+
+
+def _check_job_probes(rows: Rows, loaded: Loaded) -> None:
+    """Per anomaly, probe kind and outcome; a probe that did not run says why; the verdict
+    is the stored anomaly's latest report's."""
+    assert sum(r["runs"] for r in rows) == len(loaded.probes)
+    verdicts = {a.id: a.extra["probe"].get("verdict", "") for a in loaded.probed}
+    assert {r["anomaly_id"] for r in rows} == set(verdicts)
+    assert all(r["verdict"] == verdicts[r["anomaly_id"]] for r in rows)
+    for r in rows:
+        mine = [p for p in loaded.probes if p["request"].startswith(r["anomaly_id"] + "/")
+                and (p["probe"], p["status"]) == (r["probe_kind"], r["status"])]
+        assert r["runs"] == len(mine) and r["probe_s"] == round(
+            sum(p["duration_ns"] for p in mine) / 1e9, 3)
+        assert (r["reason"] == "") == (r["status"] == "ok")
+    timeout = next(r for r in rows if r["status"] == "timeout")
+    assert timeout["reason"] == "no answer in 2.0 s" and timeout["training_lost_s"] == 0
+
+
 CHECKS: dict[str, Check] = {
     # fleet overview
     "failslow-fleet:annotation:-": lambda rows, ld: None,
@@ -329,6 +371,7 @@ CHECKS: dict[str, Check] = {
     "failslow-fleet:panel:Mitigation advice": lambda rows, ld: _eq(
         [(r["job"], r["cause"], r["strategy"], r["last_action"], r["decisions"]) for r in rows],
         [("sim-small", "compute", "S2", "revert", 2)]),
+    "failslow-fleet:panel:Probe cost by job": _check_fleet_probes,
     "failslow-fleet:panel:Iteration time by job": lambda rows, ld: _eq(
         {r["job_name"] for r in rows}, {"sim-small", "sim-hang"}),
     # job detail
@@ -361,6 +404,7 @@ CHECKS: dict[str, Check] = {
         (rows[0]["global_rank"], rows[0]["dp_coord"], rows[0]["pp_coord"]), (5, 2, 0)),
     "failslow-job:panel:What-if slowdown per worker": lambda rows, ld: _eq(
         max(rows, key=lambda r: r["slowdown_x"])["worker"], "rank 5"),
+    "failslow-job:panel:Probes and their cost": _check_job_probes,
     # rank heatmap
     "failslow-ranks:panel:What-if slowdown per worker (DP x PP)": lambda rows, ld: _eq(
         (len(rows), _grid_max(rows, "whatif_slowdown")), (8, ("dp2", "pp0"))),
