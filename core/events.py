@@ -35,6 +35,9 @@ READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 KINDS: tuple[str, ...] = ("meta", "coll", "progress", "link", "gpu", "span", "ras", "probe")
 #: Kinds added after version 1, with the version that added them.
 ADDED_IN: dict[str, int] = {"ras": 2, "probe": 2}
+#: Kinds written now and then (a RAS report, a probe's outcome) rather than as a job runs:
+#: a stream aligns no other kind on them (its absence is the usual case, not a delay).
+SPARSE_KINDS: frozenset[str] = frozenset({"ras", "probe"})
 
 #: Records of one job, by kind (``coll``, ``progress``, ``link``, ``gpu``, ``span``); each
 #: table conforms to ``SCHEMAS[kind]``. Kinds with no new rows may be absent. What a replay

@@ -93,6 +93,8 @@ class Jobs:
         self._align_idle_ns = int(config.align_idle_s * 1e9)
         self._grace_ns = int(config.silence_grace_s * 1e9)
         self._kinds = frozenset(config.analyzer_kinds)
+        #: the kinds the horizon waits for (not the sparse ones: events.SPARSE_KINDS)
+        self._aligned = self._kinds - events.SPARSE_KINDS
         self._batch_rows = 0  # rows added since the last run_batches
         #: retired jobs: their meta and partition (:meth:`retire_idle`)
         self.retired: dict[str, tuple[JobMeta, int]] = {}
@@ -183,14 +185,15 @@ class Jobs:
 
     def horizon(self, st: JobState) -> int | None:
         """The event time up to which every record kind the detectors read has arrived
-        (None: release everything). A kind without a message while the job's partition has
+        (None: release everything; sparse kinds such as ``ras`` rows are not waited for).
+        A kind without a message while the job's partition has
         been read to its end for ``align_idle_s`` has nothing more and does not count; a kind
         not seen yet holds everything back until then, counted from the job's first data
         message (its messages may still be on the way: topics are fetched independently)."""
         now = time.monotonic_ns()
         idle_since = self._idle_since.get(st.partition)  # read to its end since then
         horizon: int | None = None
-        for kind in self._kinds:
+        for kind in self._aligned:
             if idle_since is not None:
                 quiet = max(st.kind_seen.get(kind, st.first_data or now), idle_since)
                 if now - quiet >= self._align_idle_ns:
