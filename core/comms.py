@@ -15,12 +15,14 @@ from failslow.events import Comm, JobMeta
 _DIMS = ("tp", "cp", "dp", "pp")
 
 
-def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False) -> str:
+def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False,
+                    prefer: Sequence[str] | None = None) -> str:
     """The kind of a communicator from its members and the job's parallel degrees.
 
     Ranks are laid out with one dimension varying fastest; we try Megatron's default
-    order (tp, cp, dp, pp) first, then the other orders, and take the first under which the
-    members differ in exactly one dimension and cover it. A communicator of the whole world
+    order (tp, cp, dp, pp) first (or ``prefer``, the job's order: :func:`rank_order`), then
+    the other orders, and take the first under which the members differ in exactly one
+    dimension and cover it. A communicator of the whole world
     is that dimension's when only one dimension is parallel (pure data parallelism: the
     gradient sync), else ``world``; point-to-point-only communicators that fit no layout are
     ``pp``.
@@ -31,7 +33,7 @@ def infer_comm_kind(ranks: Sequence[int], meta: JobMeta, p2p_only: bool = False)
         only = [d for d, k in degrees.items() if k > 1]
         return only[0] if len(only) == 1 and (only[0] != "pp" or p2p_only) else "world"
     arr = np.asarray(ranks, dtype=np.int64)
-    orders = [_DIMS, *[o for o in itertools.permutations(_DIMS) if o != _DIMS]]
+    orders = _orders(prefer)
     if p2p_only and n == 2 and meta.pp > 1 and any(
             _varying(arr, order, degrees) == ["pp"] for order in orders):
         # a point-to-point pair that some rank order makes pipeline neighbours is one:
@@ -62,6 +64,35 @@ def _varying(arr: np.ndarray, order: Sequence[str], degrees: dict[str, int]) -> 
     return out
 
 
+def _orders(prefer: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    rest = [o for o in itertools.permutations(_DIMS) if o != _DIMS]
+    first = [tuple(prefer)] if prefer is not None else []
+    return [*first, *[o for o in [_DIMS, *rest] if o not in first]]
+
+
+def rank_order(groups: Sequence[tuple[Sequence[int], bool]], meta: JobMeta
+               ) -> tuple[str, ...]:
+    """The rank order of a job (dimension varying fastest first) that explains most of its
+    communicators ``groups`` (members, point-to-point only?): a group fits an order when its
+    members differ in one dimension and cover it, and fits it fully when its use agrees
+    (send / recv only for ``pp``, collectives otherwise). One order holds for the whole job,
+    so degrees that are alike (dp == pp) are told apart by the other groups. Ties go to
+    Megatron's order."""
+    degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
+    best: tuple[str, ...] = _DIMS
+    best_score = -1.0
+    for order in _orders():
+        score = 0.0
+        for ranks, p2p in groups:
+            arr = np.asarray(ranks, dtype=np.int64)
+            varying = _varying(arr, order, degrees)
+            if len(varying) == 1 and degrees[varying[0]] == len(arr):
+                score += 1.0 if (varying[0] == "pp") == p2p else 0.5
+        if score > best_score:
+            best, best_score = order, score
+    return best
+
+
 def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:
     """Communicators from ``coll`` rows (events.md: ``comms`` may be empty): members from
     (comm, comm_rank, rank), kinds from membership and degrees."""
@@ -75,12 +106,12 @@ def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:
     p2p_comms: dict[int, bool] = {}
     for c, op in zip(ops.column("comm").to_pylist(), ops.column("op").to_pylist(), strict=True):
         p2p_comms[c] = p2p_comms.get(c, True) and op in ("send", "recv")
-    out: list[Comm] = []
     comm_col = members.column("comm").to_numpy()
     rank_col = members.column("rank").to_numpy()
     uniq, starts = np.unique(comm_col, return_index=True)
     bounds = [*starts.tolist(), len(comm_col)]
-    for i, c in enumerate(uniq.tolist()):
-        ranks = tuple(int(r) for r in rank_col[bounds[i]:bounds[i + 1]])
-        out.append(Comm(int(c), infer_comm_kind(ranks, meta, p2p_comms.get(c, False)), ranks))
-    return tuple(out)
+    groups = [(int(c), tuple(int(r) for r in rank_col[bounds[i]:bounds[i + 1]]))
+              for i, c in enumerate(uniq.tolist())]
+    order = rank_order([(ranks, p2p_comms.get(c, False)) for c, ranks in groups], meta)
+    return tuple(Comm(c, infer_comm_kind(ranks, meta, p2p_comms.get(c, False), order), ranks)
+                 for c, ranks in groups)

@@ -10,6 +10,7 @@ import pytest
 from support.synth_jobs import Fault, generate
 
 from failslow import events
+from failslow.comms import rank_order
 from failslow.detectors.slowdown import (
     CommRegistry,
     RoundJoiner,
@@ -109,6 +110,18 @@ def test_infer_comm_kinds_from_membership() -> None:
     big = dataclasses.replace(meta, world_size=64, tp=2, pp=4, dp=8)
     assert infer_comm_kind([50, 52], big, p2p_only=True) == "pp"
     assert infer_comm_kind([50, 52], big) == "other"
+    # dp == pp: both rank orders fit each group; the job's order is the one under which
+    # the groups' use agrees (rank order pp, dp: the stride-8 all-reduce groups are DP, the
+    # consecutive send/recv groups pipelines)
+    alike = dataclasses.replace(meta, world_size=64, tp=1, pp=8, dp=8)
+    groups = [(list(range(d, 64, 8)), False) for d in range(8)] + [
+        (list(range(8 * d, 8 * d + 8)), True) for d in range(8)]
+    order = rank_order(groups, alike)
+    assert order.index("pp") < order.index("dp")
+    assert infer_comm_kind(list(range(1, 64, 8)), alike, prefer=order) == "dp"
+    assert infer_comm_kind(list(range(8, 16)), alike, True, prefer=order) == "pp"
+    # Megatron's order, where the same membership would read the other way round
+    assert infer_comm_kind(list(range(1, 64, 8)), alike) == "pp"
 
 
 def test_infer_comms_from_rows_matches_meta() -> None:
