@@ -184,8 +184,11 @@ class StreamProcessor:
         finally:
             self._running = False
         if not abandoned:
-            if drained:  # everything available was read: analyse all of it
-                self._jobs.run_batches(force=True)
+            # everything read so far is analysed before the last checkpoint (a graceful stop
+            # commits no input that no detector saw); when everything available was read,
+            # the jobs are also told the stream is drained
+            self._jobs.run_batches(force=True)
+            if drained:
                 self._jobs.tick_all(drained=True)
             self.checkpoint()
         return self.stats
