@@ -46,6 +46,10 @@ class CommTable:
         self.members: list[np.ndarray] = []
         self.p2p: list[bool] = []
         self._kinds: dict[int, str] = {}
+        #: bumped whenever a communicator, a member or an op class is learned
+        self.version = 0
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._arrays_version = -1
         self._meta_kinds = {c.comm: c.kind for c in meta.comms}
         for c in meta.comms:
             i = self._add(c.comm, len(c.ranks))
@@ -58,32 +62,48 @@ class CommTable:
             self.ids.append(comm)
             self.members.append(np.full(max(size, 1), -1, dtype=np.int64))
             self.p2p.append(True)
+            self.version += 1
         return i
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every communicator's members in one flat array, with their offsets and sizes
+        (rebuilt only when something was learned)."""
+        if self._arrays is None or self._arrays_version != self.version:
+            sizes = np.array([len(m) for m in self.members], dtype=np.int64)
+            offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            flat = (np.concatenate(self.members) if self.members
+                    else np.zeros(0, dtype=np.int64))
+            self._arrays, self._arrays_version = (flat, offs, sizes), self.version
+        return self._arrays
 
     def learn(self, comm: np.ndarray, crank: np.ndarray, csize: np.ndarray, rank: np.ndarray,
               p2p: np.ndarray) -> np.ndarray:
         """Index of every row's communicator; members and op classes learned from the rows."""
         uniq, first, inv = np.unique(comm, return_index=True, return_inverse=True)
-        idx = np.empty(len(uniq), dtype=np.int64)
-        for j, c in enumerate(uniq.tolist()):  # one per communicator, not per row
-            idx[j] = self._add(int(c), int(csize[first[j]]))
+        known_ids = np.array(self.ids, dtype=np.uint64)
+        order = np.argsort(known_ids)
+        pos = np.minimum(np.searchsorted(known_ids[order], uniq), max(len(order) - 1, 0))
+        hit = (known_ids[order][pos] == uniq) if len(order) else np.zeros(len(uniq), bool)
+        idx = np.where(hit, order[pos] if len(order) else 0, -1).astype(np.int64)
+        for j in np.flatnonzero(~hit).tolist():  # once per communicator ever
+            idx[j] = self._add(int(uniq[j]), int(csize[first[j]]))
         cidx = idx[inv.reshape(-1)]
-        sizes = np.array([len(m) for m in self.members], dtype=np.int64)
+        flat, offs, sizes = self.arrays()
         inside = (crank >= 0) & (crank < sizes[cidx])
-        known = np.concatenate(self.members)
-        offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         slot = offs[cidx[inside]] + crank[inside]
-        new = known[slot] < 0
+        new = flat[slot] < 0
         if new.any():
             key = np.unique(np.stack([cidx[inside][new], crank[inside][new],
                                       rank[inside][new]], axis=1), axis=0)
             for ci, cr, r in key.tolist():  # once per (communicator, member) ever
                 self.members[ci][cr] = r
                 self._kinds.pop(ci, None)
-        for ci in np.unique(cidx[~p2p]).tolist():
-            if self.p2p[ci]:
-                self.p2p[ci] = False
-                self._kinds.pop(ci, None)
+            self.version += 1
+        still = np.array(self.p2p, dtype=bool)
+        for ci in np.unique(cidx[~p2p & still[cidx]]).tolist():  # once per communicator
+            self.p2p[ci] = False
+            self._kinds.pop(ci, None)
+            self.version += 1
         return cidx
 
     def kind(self, i: int) -> str:
@@ -107,6 +127,21 @@ class CommTable:
         self.members = [np.array(m, dtype=np.int64) for m in state["members"]]
         self.p2p = [bool(x) for x in state["p2p"]]
         self._kinds = {}
+        self.version += 1
+
+
+def _row_hash(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of every row of an int64 matrix (splitmix64 steps over the columns)."""
+    h = np.full(len(rows), 0x9E3779B97F4A7C15, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in rows.T.astype(np.uint64):
+            h ^= col + np.uint64(0x9E3779B97F4A7C15) + (h << np.uint64(6)) + (h >> np.uint64(2))
+            h ^= h >> np.uint64(30)
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(27)
+            h *= np.uint64(0x94D049BB133111EB)
+            h ^= h >> np.uint64(31)
+    return h.view(np.int64)
 
 
 class LinkRegistry:
@@ -119,27 +154,48 @@ class LinkRegistry:
         self.rows: list[tuple[int, int, int, int, int]] = []  # cidx, a, b, op, bytes
         self.cls_index: dict[tuple[str, int, int, int], int] = {}
         self.cls = np.zeros(0, dtype=np.int64)
+        self._rows = np.zeros((0, 5), dtype=np.int64)
+        self._hash_sorted = np.zeros(0, dtype=np.int64)
+        self._id_sorted = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def ids(self, keys: np.ndarray, comms: CommTable) -> np.ndarray:
-        """Link id of every row of ``keys`` (columns cidx, a, b, op, bytes)."""
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        out = np.empty(len(uniq), dtype=np.int64)
-        fresh = []
-        for j, row in enumerate(uniq.tolist()):  # one per link and traffic class
-            k = (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
-            i = self.index.get(k)
-            if i is None:
-                i = self.index[k] = len(self.rows)
-                self.rows.append(k)
-                ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]))
-                fresh.append(self.cls_index.setdefault(ck, len(self.cls_index)))
-            out[j] = i
-        if fresh:
-            self.cls = np.concatenate([self.cls, np.array(fresh, dtype=np.int64)])
-        return out[inv.reshape(-1)]
+        """Link id of every row of ``keys`` (columns cidx, a, b, op, bytes): one binary
+        search per row on a 64-bit hash of the row; Python runs once per new link."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        h = _row_hash(keys)
+        out, hit = self._find(h)
+        if not hit.all():
+            fresh = []
+            for row in np.unique(keys[~hit], axis=0).tolist():  # once per link, ever
+                k = (int(row[0]), int(row[1]), int(row[2]), int(row[3]), int(row[4]))
+                if k not in self.index:
+                    self.index[k] = len(self.rows)
+                    self.rows.append(k)
+                    ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]))
+                    fresh.append(self.cls_index.setdefault(ck, len(self.cls_index)))
+            if fresh:
+                self.cls = np.concatenate([self.cls, np.array(fresh, dtype=np.int64)])
+            self._reindex()
+            out, hit = self._find(h)
+        if not (self._rows[out] == keys).all():  # a hash collision: exact, the slow way
+            return np.array([self.index[(r[0], r[1], r[2], r[3], r[4])]
+                             for r in keys.tolist()], dtype=np.int64)
+        return out
+
+    def _reindex(self) -> None:
+        self._rows = np.array(self.rows, dtype=np.int64).reshape(-1, 5)
+        h = _row_hash(self._rows)
+        order = np.argsort(h, kind="stable")
+        self._hash_sorted, self._id_sorted = h[order], order.astype(np.int64)
+
+    def _find(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(self._hash_sorted) == 0:
+            return np.zeros(len(h), dtype=np.int64), np.zeros(len(h), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._hash_sorted, h), len(self._hash_sorted) - 1)
+        return self._id_sorted[pos], self._hash_sorted[pos] == h
 
     def snapshot(self) -> dict[str, Any]:
         return {"rows": [list(r) for r in self.rows],
@@ -151,6 +207,7 @@ class LinkRegistry:
         self.cls_index = {(str(k), int(o), int(b), int(s)): int(v)
                           for k, o, b, s, v in state["cls"]}
         self.cls = np.array(state["link_cls"], dtype=np.int64)
+        self._reindex()
 
 
 class SampleExtractor:
@@ -166,6 +223,8 @@ class SampleExtractor:
         self.max_pending_ns = max_pending_ns
         self.pend_key = np.zeros(0, dtype=np.int64)
         self.pend_t = np.zeros(0, dtype=np.int64)
+        self._members_cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._members_version = -1
         nodes = sorted(set(meta.nodes.values()))
         self.node_ids = {n: i for i, n in enumerate(nodes)}
         self.node_of_rank = np.array(
@@ -226,18 +285,11 @@ class SampleExtractor:
         ci, cr, sz = cidx[e], crank[e], csize[e]
         is_p2p, is_ring = p2p[e], _RING[op[e]]
         other_cr = np.where(is_p2p, peer[e], (cr + 1) % np.maximum(sz, 1))
+        flat, offs, sizes, one_node = self._member_arrays()
+        ok = (other_cr >= 0) & (other_cr < sizes[ci])
         other = np.full(len(e), -1, dtype=np.int64)
-        inside = np.zeros(len(e), dtype=bool)  # rows of a DP / PP group within one node
-        for c in np.unique(ci).tolist():  # one per communicator
-            sel = ci == c
-            m = self.comms.members[c]
-            oc = other_cr[sel]
-            ok = (oc >= 0) & (oc < len(m))
-            other[np.flatnonzero(sel)[ok]] = m[oc[ok]]
-            known = m[m >= 0]
-            if len(known) > 1 and len(np.unique(self.node(known))) == 1 and \
-                    self.comms.kind(c) not in ("tp", "cp"):
-                inside[sel] = True
+        other[ok] = flat[offs[ci[ok]] + other_cr[ok]]
+        inside = one_node[ci]  # rows of a DP / PP group within one node
         me = rank[e]
         lo_first = np.where(is_p2p, cr < other_cr, True)
         a = np.where(lo_first, me, other)
@@ -257,6 +309,22 @@ class SampleExtractor:
         rnd = np.where(is_ring[g], round_key[e][g], -1)
         return {"lid": lid, "t": te[g], "rate": nbytes[e][g] / dur[g].astype(np.float64),
                 "ts": has_ts[g], "rnd": rnd}
+
+    def _member_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every communicator's members in one flat array (with offsets and sizes), and
+        whether it is a DP / PP group that lies within one node; rebuilt only when the
+        communicators or their members change."""
+        comms = self.comms
+        if self._members_cache is None or comms.version != self._members_version:
+            flat, offs, sizes = comms.arrays()
+            one_node = np.zeros(len(sizes), dtype=bool)
+            for c, m in enumerate(comms.members):  # once per communicator change, not batch
+                known = m[m >= 0]
+                one_node[c] = (len(known) > 1 and len(np.unique(self.node(known))) == 1
+                               and comms.kind(c) not in ("tp", "cp"))
+            self._members_cache = (flat, offs, sizes, one_node)
+            self._members_version = comms.version
+        return self._members_cache
 
     def snapshot(self) -> dict[str, Any]:
         return {"comms": self.comms.snapshot(), "links": self.links.snapshot(),
