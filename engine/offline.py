@@ -191,6 +191,8 @@ class _Source:
         self.whole: pa.Table | None = None
         self.path = td.path / f"{kind}.parquet"
         self.offsets: list[int] = []
+        #: loaded rows not emitted yet: sorted runs (table, its time column)
+        self.runs: list[tuple[pa.Table, np.ndarray]] = []
         if kind in td.kinds and self.path.exists() and self._stats():
             return
         table = td.read(kind) if kind in td.kinds else events.empty(kind)
@@ -199,7 +201,6 @@ class _Source:
         if table.num_rows:
             mm = pc.min_max(table.column(self.key)).as_py()
             self.groups = [(int(mm["min"]), int(mm["max"]), -1)]
-        self.buffer: pa.Table | None = None
 
     def _stats(self) -> bool:
         try:
@@ -225,7 +226,6 @@ class _Source:
             offset += rg.num_rows
         self.pf = pf
         self.groups = sorted(groups)
-        self.buffer = None
         return True
 
     def bounds(self) -> tuple[int, int] | None:
@@ -234,13 +234,15 @@ class _Source:
         return min(g[0] for g in self.groups), max(g[1] for g in self.groups)
 
     def take(self, until: int) -> pa.Table | None:
-        """Rows with time <= ``until`` not emitted yet, in time order."""
-        loaded = []
+        """Rows with time <= ``until`` not emitted yet, in time order (ties: in file order).
+
+        Loaded row groups are kept as sorted runs; a window is a zero-copy slice of the one
+        run it falls in, and only windows where runs overlap are merged (sorted)."""
         while self.groups and self.groups[0][0] <= until:
             _, _, i = self.groups.pop(0)
             if i < 0:
                 assert self.whole is not None
-                loaded.append(self.whole)
+                self._add_run(self.whole)
                 self.whole = None
             else:
                 assert self.pf is not None
@@ -249,22 +251,31 @@ class _Source:
                 except (pa.ArrowInvalid, OSError) as e:
                     raise events.ContractError(f"corrupt Parquet data in row group {i} ({e})",
                                                source=str(self.path)) from None
-                loaded.append(events.conform(raw, self.kind, str(self.path),
-                                             self.offsets[i]))
-        if loaded:
-            parts = ([self.buffer] if self.buffer is not None else []) + loaded
-            table = pa.concat_tables(parts, promote_options="permissive")
-            self.buffer = table.take(pc.sort_indices(table, sort_keys=[(self.key,
-                                                                         "ascending")]))
-        if self.buffer is None or self.buffer.num_rows == 0:
+                self._add_run(events.conform(raw, self.kind, str(self.path), self.offsets[i]))
+        parts: list[pa.Table] = []
+        runs: list[tuple[pa.Table, np.ndarray]] = []
+        for table, t in self.runs:
+            cut = int(np.searchsorted(t, until, side="right"))
+            if cut:
+                parts.append(table.slice(0, cut))
+            if cut < len(t):
+                runs.append((table.slice(cut), t[cut:]))
+        self.runs = runs
+        if not parts:
             return None
-        t = self.buffer.column(self.key).to_numpy()
-        cut = int(np.searchsorted(t, until, side="right"))
-        if cut == 0:
-            return None
-        out = self.buffer.slice(0, cut)
-        self.buffer = self.buffer.slice(cut)
-        return out
+        if len(parts) == 1:
+            return parts[0]
+        table = pa.concat_tables(parts, promote_options="permissive")
+        return table.take(pc.sort_indices(table, sort_keys=[(self.key, "ascending")]))
+
+    def _add_run(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        t = table.column(self.key).to_numpy()
+        if len(t) > 1 and (t[1:] < t[:-1]).any():
+            order = np.argsort(t, kind="stable")
+            table, t = table.take(pa.array(order)), t[order]
+        self.runs.append((table, t))
 
 
 def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[str, ...] = KINDS
