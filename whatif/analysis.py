@@ -427,6 +427,8 @@ class WhatIfAnalyzer:
             self._count_steps(coll)
         if not self._step_start:
             return None
+        if self._done < 0:  # joined mid-trace: a whole window of steps before the first result
+            self._done = min(self._step_start) - 1
         completed = max(self._step_start) - 2
         if completed - self._done < self.every_steps:
             return None

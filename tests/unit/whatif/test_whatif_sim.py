@@ -253,3 +253,21 @@ def test_benchmark_runs_small() -> None:
     assert out["top_worker"] == out["injected_rank"]
     assert out["discrepancy"] < 0.015
     assert out["scaling_64_exact_seconds"] >= 0
+
+
+def test_windowed_analysis_joined_mid_trace_waits_for_a_whole_window(default: SimResult
+                                                                     ) -> None:
+    """An analyzer that joins a running job (the offline input past its row budget, a
+    processor started late) computes only once it holds a whole window of steps: its first
+    result is not an error over an empty window."""
+    windows = list(replay(_tables(default), 100_000_000))
+    w = wi.WhatIfAnalyzer(default.meta, every_steps=4)
+    errors = []
+    for _, batch in windows[len(windows) // 3:]:
+        before = w.computed
+        w.update(batch)
+        if w.computed > before and w.error:
+            errors.append(w.error)
+    assert w.computed >= 1
+    assert errors == []
+    assert w.result is not None
