@@ -128,7 +128,8 @@ class WhatIfInput:
                      "rows", self.max_rows)
             self.parts = {"span": [], "coll": []}
             try:
-                self.windowed = WhatIfAnalyzer(self.meta)
+                # only its last window matters here: analysed once, at the end
+                self.windowed = WhatIfAnalyzer(self.meta, lazy=True)
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
                 log.warning("no what-if analysis for job %s: %s", self.meta.job, e)
                 self.given_up = True
@@ -139,6 +140,7 @@ class WhatIfInput:
         if self.given_up:
             return None
         if self.windowed is not None:
+            self.windowed.finish()
             if self.windowed.result is None:
                 self.reason = self.windowed.error or "no complete window of steps"
             return self.windowed.result

@@ -386,10 +386,11 @@ class WhatIfAnalyzer:
     ``params-sync`` all-gathers (or, without DP, its pipeline sends). Only the columns the
     analysis reads are kept. ``snapshot()`` keeps the latest result and the step counters,
     not the buffered rows: after ``restore`` the next result comes ``every_steps`` steps
-    later."""
+    later. ``lazy`` (offline, where only the last result is kept): the windows are cut the
+    same way but only the last one is analysed, by :meth:`finish`."""
 
     def __init__(self, meta: JobMeta, every_steps: int = 10, window_steps: int | None = None,
-                 options: Options | None = None) -> None:
+                 options: Options | None = None, lazy: bool = False) -> None:
         if every_steps < 1:
             raise ValueError("every_steps must be >= 1")
         self.meta = meta
@@ -399,6 +400,9 @@ class WhatIfAnalyzer:
         self.result: dict[str, Any] | None = None
         self.error: str | None = None
         self.computed = 0
+        #: only the last window is analysed, by :meth:`finish` (offline: one result is kept)
+        self.lazy = lazy
+        self._window: dict[str, pa.Table] | None = None
         self._span: list[pa.Table] = []
         self._coll: list[pa.Table] = []
         self._step_start: dict[int, int] = {}     # step -> earliest t seen (span rows, else
@@ -467,6 +471,20 @@ class WhatIfAnalyzer:
                 coll = coll.filter(pc.greater_equal(coll.column("t"), t_cut))
             self._coll = [coll]
             tables["coll"] = coll
+        if self.lazy:
+            self._window = tables
+            return None
+        return self._run(tables)
+
+    def finish(self) -> dict[str, Any] | None:
+        """Lazy mode: the analysis of the last whole window (None: none, or it failed and
+        :attr:`error` says why)."""
+        if self._window is not None:
+            tables, self._window = self._window, None
+            self._run(tables)
+        return self.result
+
+    def _run(self, tables: dict[str, pa.Table]) -> dict[str, Any] | None:
         errors: list[str] = []
         result = whatif(tables, self.meta, self.options, errors)
         self.computed += 1

@@ -271,3 +271,17 @@ def test_windowed_analysis_joined_mid_trace_waits_for_a_whole_window(default: Si
     assert w.computed >= 1
     assert errors == []
     assert w.result is not None
+
+
+def test_lazy_analyzer_gives_the_last_window_of_the_eager_one_in_one_computation(
+        default: SimResult) -> None:
+    """Offline keeps only the last result: the lazy analyzer cuts the same windows and
+    analyses the last one once, with the eager analyzer's last result."""
+    eager = wi.WhatIfAnalyzer(default.meta, every_steps=4)
+    lazy = wi.WhatIfAnalyzer(default.meta, every_steps=4, lazy=True)
+    for _, batch in replay(_tables(default), 100_000_000):
+        eager.update(batch)
+        lazy.update(batch)
+    assert eager.computed >= 3 and lazy.computed == 0
+    assert lazy.finish() == eager.result
+    assert lazy.computed == 1 and eager.result is not None
