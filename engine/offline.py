@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,9 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
 
 #: What-if input kept whole by ``analyze`` (span and coll rows, the columns it reads).
 WHATIF_MAX_ROWS = 8_000_000
+#: Past it, the steps of the last window analysed (the stream's window is 10 steps; offline
+#: keeps at most two windows of rows between cuts, so a smaller one bounds memory)
+WHATIF_STEPS = 5
 
 
 class WhatIfInput:
@@ -129,7 +133,7 @@ class WhatIfInput:
             self.parts = {"span": [], "coll": []}
             try:
                 # only its last window matters here: analysed once, at the end
-                self.windowed = WhatIfAnalyzer(self.meta, lazy=True)
+                self.windowed = WhatIfAnalyzer(self.meta, every_steps=WHATIF_STEPS, lazy=True)
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
                 log.warning("no what-if analysis for job %s: %s", self.meta.job, e)
                 self.given_up = True
@@ -185,8 +189,13 @@ class _Source:
     loaded when the replay reaches their smallest time (from the file's statistics), rows
     are emitted window by window and the rest is kept."""
 
-    def __init__(self, td: TraceDir, kind: str) -> None:
+    def __init__(self, td: TraceDir, kind: str, pool: ThreadPoolExecutor | None = None
+                 ) -> None:
         self.kind = kind
+        #: reads the next row group while the engine works on this one (Parquet decoding
+        #: and ``conform`` release the GIL)
+        self.pool = pool
+        self.ahead: tuple[int, Future[pa.Table]] | None = None
         self.key = TIME_COLUMN[kind]
         self.groups: list[tuple[int, int, int]] = []  # (min t, max t, row group)
         self.pf: pq.ParquetFile | None = None
@@ -247,13 +256,9 @@ class _Source:
                 self._add_run(self.whole)
                 self.whole = None
             else:
-                assert self.pf is not None
-                try:
-                    raw = self.pf.read_row_group(i)
-                except (pa.ArrowInvalid, OSError) as e:
-                    raise events.ContractError(f"corrupt Parquet data in row group {i} ({e})",
-                                               source=str(self.path)) from None
-                self._add_run(events.conform(raw, self.kind, str(self.path), self.offsets[i]))
+                self._add_run(self._read(i).result())
+        if self.groups and self.groups[0][2] >= 0 and self.pool is not None:  # read ahead
+            self._read(self.groups[0][2])
         parts: list[pa.Table] = []
         runs: list[tuple[pa.Table, np.ndarray]] = []
         for table, t in self.runs:
@@ -269,6 +274,31 @@ class _Source:
             return parts[0]
         table = pa.concat_tables(parts, promote_options="permissive")
         return table.take(pc.sort_indices(table, sort_keys=[(self.key, "ascending")]))
+
+    def _read(self, i: int) -> Future[pa.Table]:
+        """Row group ``i``, conformed: read by the read-ahead thread (in this thread
+        without one)."""
+        if self.ahead is not None and self.ahead[0] == i:
+            fut = self.ahead[1]
+        elif self.pool is not None:
+            fut = self.pool.submit(self._load, i)
+        else:
+            fut = Future()
+            try:
+                fut.set_result(self._load(i))
+            except events.ContractError as e:
+                fut.set_exception(e)
+        self.ahead = (i, fut)
+        return fut
+
+    def _load(self, i: int) -> pa.Table:
+        assert self.pf is not None
+        try:
+            raw = self.pf.read_row_group(i)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise events.ContractError(f"corrupt Parquet data in row group {i} ({e})",
+                                       source=str(self.path)) from None
+        return events.conform(raw, self.kind, str(self.path), self.offsets[i])
 
     def _add_run(self, table: pa.Table) -> None:
         if not table.num_rows:
@@ -286,7 +316,13 @@ def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[st
     when their time comes (the same windows and batches as a replay of the whole tables)."""
     if window_ns <= 0:
         raise ValueError("window_ns must be positive")
-    sources = [_Source(td, k) for k in kinds if k in td.kinds]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="failslow-read") as pool:
+        yield from _replay_sources([_Source(td, k, pool) for k in kinds if k in td.kinds],
+                                   window_ns)
+
+
+def _replay_sources(sources: list[_Source], window_ns: int
+                    ) -> Iterator[tuple[int, EventBatch]]:
     bounds = [b for b in (s.bounds() for s in sources) if b is not None]
     if not bounds:
         return

@@ -386,8 +386,9 @@ class WhatIfAnalyzer:
     ``params-sync`` all-gathers (or, without DP, its pipeline sends). Only the columns the
     analysis reads are kept. ``snapshot()`` keeps the latest result and the step counters,
     not the buffered rows: after ``restore`` the next result comes ``every_steps`` steps
-    later. ``lazy`` (offline, where only the last result is kept): the windows are cut the
-    same way but only the last one is analysed, by :meth:`finish`."""
+    later. ``lazy`` (offline, where one result is kept): the windows are cut the same way
+    but only one is analysed, by :meth:`finish`: the slowest (largest mean step time), where
+    a straggler costs most; its steps are in the result's ``window``."""
 
     def __init__(self, meta: JobMeta, every_steps: int = 10, window_steps: int | None = None,
                  options: Options | None = None, lazy: bool = False) -> None:
@@ -403,6 +404,8 @@ class WhatIfAnalyzer:
         #: only the last window is analysed, by :meth:`finish` (offline: one result is kept)
         self.lazy = lazy
         self._window: dict[str, pa.Table] | None = None
+        self._window_pace = 0.0
+        self._window_steps = (0, 0)
         self._span: list[pa.Table] = []
         self._coll: list[pa.Table] = []
         self._step_start: dict[int, int] = {}     # step -> earliest t seen (span rows, else
@@ -472,16 +475,31 @@ class WhatIfAnalyzer:
             self._coll = [coll]
             tables["coll"] = coll
         if self.lazy:
-            self._window = tables
+            pace = self._pace(first, completed)
+            if self._window is None or pace >= self._window_pace:
+                self._window, self._window_pace = tables, pace
+                self._window_steps = (first, completed)
             return None
         return self._run(tables)
+
+    def _pace(self, first: int, last: int) -> float:
+        """Mean step time of steps ``first..last`` (from the step starts; 0 unknown)."""
+        starts = [self._step_start.get(s_) for s_ in range(first, last + 2)]
+        known = [t for t in starts if t is not None]
+        if len(known) < 2:
+            return 0.0
+        return (known[-1] - known[0]) / (len(known) - 1)
 
     def finish(self) -> dict[str, Any] | None:
         """Lazy mode: the analysis of the last whole window (None: none, or it failed and
         :attr:`error` says why)."""
         if self._window is not None:
             tables, self._window = self._window, None
-            self._run(tables)
+            if self._run(tables) is not None and self.result is not None:
+                first, last = self._window_steps
+                self.result["window"] = {"first_step": first, "last_step": last,
+                                         "chosen": "slowest"}
+                log.info("what-if analysis over steps %d-%d, the slowest window", first, last)
         return self.result
 
     def _run(self, tables: dict[str, pa.Table]) -> dict[str, Any] | None:
