@@ -118,10 +118,18 @@ class BinTable:
         if self._pending_rows > 2 * self._compacted + 65536:
             self.compact()
 
-    def compact(self) -> None:
-        parts = [self._data, *self._chunks]
+    def compact(self, whole: bool = False) -> None:
+        """Sum the pending rows into the compacted ones. Those are sorted by bin: the ones
+        before the least pending bin cannot meet a pending row, so only the rest is summed
+        again (the rows of one key keep their order: the sums are those of a whole
+        re-aggregation, which ``whole`` forces)."""
+        data = self._data
+        cut = 0 if whole else int(np.searchsorted(data["bin"], self._chunk_low, side="left"))
+        parts = [{k: v[cut:] for k, v in data.items()}, *self._chunks]
         allr = {k: np.concatenate([p[k] for p in parts]) for k in self._names}
-        self._data = _aggregate(allr, ("bin", *self.keys), self.sums, self.arg, self.carried)
+        tail = _aggregate(allr, ("bin", *self.keys), self.sums, self.arg, self.carried)
+        self._data = tail if cut == 0 else {
+            k: np.concatenate([data[k][:cut], tail[k]]) for k in self._names}
         self._chunks, self._pending_rows = [], 0
         self._chunk_low = 2**62
         self._compacted = len(self._data["bin"])
@@ -131,7 +139,7 @@ class BinTable:
         if delta > 0:
             self.compact()
             self._data["bin"] = self._data["bin"] >> delta
-            self.compact()
+            self.compact(whole=True)
 
     def prune(self, min_bin: int) -> None:
         """Drop the rows of bins before ``min_bin``."""
