@@ -232,8 +232,10 @@ class ChangeTracker:
         if i - c.min_after + 1 - self.seg_start < c.min_baseline:
             return []
         self.baseline, self.sigma = self._baseline_level(i - c.min_after + 1)
-        # speed-up (e.g. the end of warm-up): re-learn the baseline from the faster level
-        for n in range(c.min_after, c.max_after + 1):
+        # speed-up (e.g. the end of warm-up): re-learn the baseline from the faster level,
+        # once it has lasted as long as a baseline must (a few fast iterations of jitter
+        # would otherwise leave a baseline too short to test the next slow-down against)
+        for n in range(max(c.min_after, c.min_baseline), c.max_after + 1):
             hi = i - n + 1
             if hi - self.seg_start < c.min_baseline:
                 break

@@ -22,6 +22,7 @@ from failslow.detectors.changepoints import (
     standardize,
     window_candidates,
 )
+from failslow.detectors.slowdown.config import SlowdownConfig
 
 
 def _steps(levels: list[tuple[float, int]], noise: float = 0.01, seed: int = 0) -> np.ndarray:
@@ -277,3 +278,28 @@ def test_a_pause_in_the_reference_still_counts_at_the_strong_limit() -> None:
     for v in [83.6, 82.9, 150.0, 82.2, 83.3, 81.6, 80.8]:
         tracker.push(v)
     assert tracker.push(141.6) == [] and tracker.push(144.8) == []
+
+
+def test_a_few_fast_iterations_do_not_reset_the_baseline_before_a_slowdown() -> None:
+    """A short job's noisy start (held-out, 512 ranks): three iterations faster than the
+    first ones are jitter, not the end of warm-up; the slow-down right after them is
+    confirmed within three iterations against the baseline so far (it was confirmed seven
+    iterations late against a three-iteration baseline)."""
+    ms = [146.3, 89.5, 101.9, 97.2, 98.6, 98.7, 89.9, 89.5, 89.9,  # healthy
+          201.5, 130.4, 130.0, 137.9, 182.4, 130.3, 142.6, 141.7, 139.5]  # 1.4x from 9
+    tr = ChangeTracker(SlowdownConfig().change)  # the slow-down detector's settings
+    onsets = [(i, ch) for i, v in enumerate(ms) for ch in tr.push(v * 1e6)
+              if ch.kind == "onset"]
+    assert onsets, "no onset"
+    at, onset = onsets[0]
+    assert onset.index == 9
+    assert at - onset.index <= 3
+
+
+def test_a_lasting_speed_up_still_resets_the_baseline() -> None:
+    """The end of a long warm-up: once the faster level lasts a baseline's length it is
+    the new baseline, so a later slow-down back to the warm-up time is an onset."""
+    x = _steps([(1.6, 12), (1.0, 20), (1.5, 10)], noise=0.01, seed=3)
+    tr = ChangeTracker(ChangeConfig())
+    onsets = [ch for v in x for ch in tr.push(float(v)) if ch.kind == "onset"]
+    assert [o.index for o in onsets] == [32]
