@@ -14,12 +14,20 @@ in the healthy trace with probes on), the probes' cost as the diagnosis reports 
 CPU overhead: a training-like loop's iteration time while probe rounds run back to back beside
 it (the worst case; the rate limits allow a few per minute), against the same loop without
 probes in the same run (``iteration_time_ratio``), and the process CPU seconds of the rounds.
+
+``example_job``: the same floors in the example job (examples/probing.py ``--case``: 8 gloo
+ranks on four emulated nodes, a slow ring hop shaped with netns + tc, probes asked by the live
+engine and run over gloo between helpers in the two nodes), when this is a checkout with the
+example extra (torch) and root; otherwise the reason it did not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -198,4 +206,28 @@ def _figures(args: argparse.Namespace, fabric: Fabric,
     }
 
 
-BENCHMARKS = {"validation": _bench_validation}
+def _example_job() -> dict[str, Any]:
+    """``python -m examples.probing --case`` in this checkout, or why it cannot run."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "examples" / "probing.py").exists():
+        return {"skipped": "no examples/ next to the package (not a checkout)"}
+    if importlib.util.find_spec("torch") is None:
+        return {"skipped": "the example extra (torch) is not installed"}
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        return {"skipped": "network namespaces and tc need root and iproute2"}
+    done = subprocess.run([sys.executable, "-m", "examples.probing", "--case"], cwd=root,
+                          capture_output=True, text=True, timeout=600, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _bench_validation_all(args: argparse.Namespace) -> dict[str, Any]:
+    out = _bench_validation(args)
+    out["example_job"] = _example_job()
+    return out
+
+
+BENCHMARKS = {"validation": _bench_validation_all}

@@ -329,6 +329,18 @@ class Agent:
         self.stats["records"] += total
         return total
 
+    def drain(self) -> list[tuple[str, dict[str, pa.Table]]]:
+        """:meth:`drain_rings`, returning the batches of this pass (they also wait for the
+        sink): the rows just drained, for a caller that watches them live, such as a probe
+        service or an engine beside the agent (examples/hybrid_job.py)."""
+        start = len(self._pending)
+        self.drain_rings()
+        return self._pending[start:]
+
+    def add(self, job: str, batch: Mapping[str, pa.Table]) -> None:
+        """Queue ``batch`` of ``job``, made beside the rings (probe rows), for the sink."""
+        self._pending.append((job, dict(batch)))
+
     def sample_collectors(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_sample < self.sample_period_s:

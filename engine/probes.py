@@ -238,11 +238,13 @@ def _reference(row: Mapping[str, Any], others: list[Mapping[str, Any]]) -> float
 
 
 def probe_cost(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The probes' own wall time, and the training time they may have cost: the job is not
-    stopped, so at most the time the probed GPU or link was shared with it (the measured
-    operation's time; a skipped probe costs nothing)."""
+    """The probes' own wall time (``duration_ns``: set-up, warm-up and every repeat, not the
+    wait for idle ranks), and the training time they may have cost: the job is not stopped,
+    so at most the time the probed GPU or link was shared with it, the whole of a probe that
+    ran (not only its one measured operation, ``elapsed_ns``); a skipped probe costs
+    nothing."""
     own = sum(int(r.get("duration_ns") or 0) for r in rows)
-    lost = sum(int(r.get("elapsed_ns") or 0) for r in rows if r.get("status") != "skipped")
+    lost = sum(int(r.get("duration_ns") or 0) for r in rows if r.get("status") != "skipped")
     return {"probes": len(rows), "probe_s": round(own / 1e9, 6),
             "training_lost_s": round(lost / 1e9, 6)}
 

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -133,13 +134,15 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
         h = torch.relu(_TPCopy.apply(x) @ w1)
         return x + _TPReduce.apply(h @ w2)
 
-    times = []
+    world_buf = torch.ones(cfg["world_bytes"] // 4) if cfg.get("world_bytes") else None
+    times, starts = [], []
     for it in range(cfg["iters"]):
         if link is not None and it == cfg["link_from"] and rank in (link.a, link.b):
             # the link's ends slow it down themselves: from exactly this iteration on,
             # however late a driver would notice the progress on this loaded machine
             link.trigger(link.side_of(rank))
         t0 = time.perf_counter()
+        starts.append(time.time_ns())
         if hang and hang[0] == rank and it == hang[1]:
             os.kill(os.getpid(), signal.SIGSTOP)
         with plan.get_lock():  # S2: (effective iteration, m_0 .. m_DP-1), set by the driver
@@ -195,6 +198,8 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         flat /= total
         dist.all_reduce(flat, group=groups["dp"])
+        if world_buf is not None:  # statistics over every rank: one gloo ring, 0 -> 1 ... -> 7
+            dist.all_reduce(world_buf)
         off = 0
         for p in params:
             n = p.numel()
@@ -206,6 +211,8 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     col.close()
     with open(os.path.join(cfg["ring_dir"], f"times-{rank}.json"), "w") as fh:
         json.dump(times, fh)
+    with open(os.path.join(cfg["ring_dir"], f"starts-{rank}.json"), "w") as fh:
+        json.dump(starts, fh)
     dist.destroy_process_group()
 
 
@@ -346,33 +353,64 @@ def _parse_fault(text: str | None, n: int) -> tuple[int, ...] | None:
     return tuple(parts + [0] * (n - len(parts)))
 
 
+#: bytes of the per-iteration all-reduce over every rank in a mesh job (``--mesh``)
+WORLD_BYTES = 256 << 10
+#: communicators of the job: 4 tp, 4 pp, 4 dp and the world
+COMMS = 13
+
+
+def mesh_nodes(rank: int) -> int:
+    """The emulated node of ``rank`` in a mesh job: one per TP pair (as TP stays in a node)."""
+    return rank // TP
+
+
 def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int = 128,
         ffn: int = 512, batch: int = 32, straggler: str | None = None, hang: str | None = None,
         advice: str | None = None, stall_s: float = 6.0, timeout_s: float = 120.0,
         job: str = "example", slow_link: str | None = None,
-        probes: float | None = None) -> dict[str, Any]:
+        probes: float | str | None = None, mesh: bool = False,
+        slow_hop: str | None = None, force_every: float | None = None,
+        engine: bool = False) -> dict[str, Any]:
     """Run the job, then the agent over its rings; returns a summary (``hung``, times).
-    ``probes``: the agent runs a validation probe every that many seconds
-    (:mod:`examples.probing`)."""
+    ``probes``: the agent runs a validation probe every that many seconds, or (``"engine"``)
+    those the live engine asks for (:mod:`examples.probing`). ``mesh``: four emulated nodes
+    (:mod:`examples.netns_mesh`) and an all-reduce over every rank each iteration;
+    ``slow_hop`` ``A:B:MBIT[:FROM_ITER]`` (implies ``mesh``): that ring hop is slow.
+    ``force_every``: with the engine, also a probe every that many seconds. ``engine``: the
+    live engine runs without probes (the job's probes off)."""
     import torch.optim  # noqa: F401 -- imported once here, shared by the forked ranks
 
     with contextlib.suppress(ImportError):
         import torch._dynamo  # noqa: F401 -- slow to import (seconds) in each rank otherwise
 
-    link = None
+    link: Any = None
     link_from = 0
+    if slow_link and slow_hop:
+        raise ValueError("--slow-link and --slow-hop are two topologies: give one")
     if slow_link:  # A:B:MBIT[:FROM_ITER]
         a, b, ms, *rest = (int(v) for v in slow_link.split(":"))
         link = SlowLink(a, b, ms)
-        link.__enter__()
         link_from = rest[0] if rest else 0
-        if link_from == 0:
+    elif mesh or slow_hop:
+        from examples.netns_mesh import Mesh
+
+        hop = None
+        if slow_hop:
+            a, b, rate, *rest = (int(v) for v in slow_hop.split(":"))
+            hop = (a, b, float(rate))
+            link_from = rest[0] if rest else 0
+        link = Mesh(WORLD // TP, [mesh_nodes(r) for r in range(WORLD)], hop)
+    if link is not None:
+        link.__enter__()
+        if link_from == 0 and (slow_link or slow_hop):
             link.slow_down()
     try:
         return _run(out, iters=iters, microbatches=microbatches, hidden=hidden, ffn=ffn,
                     batch=batch, straggler=straggler, hang=hang, advice=advice,
                     stall_s=stall_s, timeout_s=timeout_s, job=job, link=link,
-                    link_from=link_from, probes=probes)
+                    link_from=link_from, probes=probes,
+                    world_bytes=WORLD_BYTES if mesh or slow_hop else 0,
+                    force_every=force_every, engine=engine)
     finally:
         if link:
             link.__exit__()
@@ -380,8 +418,9 @@ def run(out: str | Path, *, iters: int = 12, microbatches: int = 4, hidden: int 
 
 def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: int, batch: int,
          straggler: str | None, hang: str | None, advice: str | None, stall_s: float,
-         timeout_s: float, job: str, link: SlowLink | None, link_from: int,
-         probes: float | None = None) -> dict[str, Any]:
+         timeout_s: float, job: str, link: Any, link_from: int,
+         probes: float | str | None = None, world_bytes: int = 0,
+         force_every: float | None = None, engine: bool = False) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     from failslow.collectors.agent import Agent, TraceDirSink
@@ -390,11 +429,14 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     out = Path(out)
     base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None
     ring_dir = Path(tempfile.mkdtemp(prefix="failslow-example-", dir=base))
-    cfg = {"port": _free_port(), "job": job, "ring_dir": str(ring_dir), "iters": iters,
+    spec = link.spec() if link else None
+    port = _free_port()
+    cfg = {"port": port, "job": job, "ring_dir": str(ring_dir), "iters": iters,
            "microbatches": microbatches, "hidden": hidden, "ffn": ffn, "batch": batch,
            "straggler": _parse_fault(straggler, 3), "hang": _parse_fault(hang, 2),
-           "advice": advice, "netns": link.spec() if link else None, "link_from": link_from,
-           "link": link if link and link_from else None}  # fork: passed as is, not pickled
+           "advice": advice, "netns": spec, "link_from": link_from,
+           "link": link if link and link_from else None,  # fork: passed as is, not pickled
+           "world_bytes": world_bytes}
     ctx = mp.get_context("fork")
     progress = ctx.Array("i", WORLD)
     plan = ctx.Array("i", [-1] + [microbatches] * DP)
@@ -404,15 +446,29 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
              for r in range(WORLD)]
     # the node agent runs beside the job, as in production: it drains the rings while the
     # ranks write them (the trace directory is written when it closes)
-    # with a slow link, the two network namespaces are the job's two "nodes"
-    rank_nodes = {r: link.ns[link.side_of(r)] for r in range(WORLD)} if link else None
+    # with network namespaces, they are the job's "nodes"
+    rank_nodes = {r: spec["ranks"][r][0] for r in range(WORLD)} if spec else None
     agent = Agent(TraceDirSink(out), ring_dir, job=job, collectors={"gpu": False, "rdma": False},
                   degrees={"tp": TP, "pp": PP, "dp": DP}, microbatches=microbatches,
                   schedule="1f1b", rank_nodes=rank_nodes)
-    if probes is not None:  # as ``failslow agent --probes``, requests from examples.probing
-        from examples.probing import service
+    live = None
+    if probes == "engine" or engine:
+        from examples.engine_loop import LiveEngine
 
-        agent.probes = service(job, WORLD, TP * PP, probes)
+        live = LiveEngine(job, COMMS, WORLD, probes=probes == "engine")
+    if probes is not None:  # as ``failslow agent --probes``; requests: examples.probing
+        from examples import probing
+
+        if live is not None:
+            agent.probes = probing.engine_service(job, live.requests, link,
+                                                  port + 1, force_every, WORLD,
+                                                  TP * PP)
+        else:
+            agent.probes = probing.service(job, WORLD, TP * PP, float(probes), link,
+                                           port + 1)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children_cpu0 = usage.ru_utime + usage.ru_stime
+    cpu0 = time.process_time()  # the driver: agent, probe service, live engine
     for p in procs:
         p.start()
     hung, last, last_change = False, -1, time.monotonic()
@@ -434,10 +490,7 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
                 break
             if client is not None:
                 _publish_plan(plan, client.refresh(), progress)
-            drained = len(agent._pending)
-            agent.drain_rings()
-            if agent.probes is not None:  # sees the new coll rows (busy ranks), runs probes
-                agent._pending += agent.probes.poll(agent._pending[drained:])
+            _poll_once(agent, live, job)
             time.sleep(0.1)
     except BaseException:
         shutil.rmtree(ring_dir, ignore_errors=True)
@@ -448,22 +501,53 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
                 os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
             p.join()
     failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
+    ranks_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ranks_cpu_s = ranks_cpu.ru_utime + ranks_cpu.ru_stime - children_cpu0
+    diagnosis = None
+    if live is not None:  # the rows still in the rings, the probes still running
+        deadline = time.monotonic() + 5.0
+        _poll_once(agent, live, job)
+        while agent.probes is not None and not agent.probes.idle() \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            _poll_once(agent, live, job)
+        _poll_once(agent, live, job)
+        d = live.diagnosis()
+        diagnosis = None if d is None else d.to_dict()
+        live.close()
     agent.close()  # drains what is left; rings of the (dead) ranks are removed
+    driver_cpu_s = time.process_time() - cpu0
     probe_counts = None if agent.probes is None else dict(agent.probes.runner.counts)
     if hung:  # a snapshot of a job that stopped making progress (failslow analyze semantics)
         (out / "import.json").write_text(json.dumps({"post_mortem": True,
                                                      "source": "examples.hybrid_job"}))
-    times = {}
+    times, starts = {}, {}
     for r in range(WORLD):
         f = ring_dir / f"times-{r}.json"
         if f.exists():
             times[r] = json.loads(f.read_text())
+            starts[r] = json.loads((ring_dir / f"starts-{r}.json").read_text())
     shutil.rmtree(ring_dir, ignore_errors=True)
     progress_file.unlink(missing_ok=True)
     (out / "iteration_times.json").write_text(json.dumps(times))
-    return {"hung": hung, "failed": [] if hung else failed, "times": times,
+    return {"hung": hung, "failed": [] if hung else failed, "times": times, "starts": starts,
             "records": agent.stats["records"], "wall_s": time.monotonic() - t0,
-            "probes": probe_counts}
+            "probes": probe_counts, "diagnosis": diagnosis,
+            "driver_cpu_s": round(driver_cpu_s, 4), "ranks_cpu_s": round(ranks_cpu_s, 4)}
+
+
+def _poll_once(agent: Any, engine: Any, job: str) -> None:
+    """One pass of the driver's agent: drain the rings; the probe service sees the new
+    ``coll`` rows (busy ranks), takes new requests and returns finished ``probe`` rows; the
+    live engine (if any) gets both."""
+    batches = agent.drain()
+    if agent.probes is not None:
+        made = agent.probes.poll(batches)
+        for j, b in made:
+            agent.add(j, b)
+        batches += made
+    if engine is not None:
+        engine.feed(lambda: agent.meta(job), batches)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,15 +561,33 @@ def main(argv: list[str] | None = None) -> int:
                     "(progress: the lowest finished iteration is kept in OUT.progress)")
     ap.add_argument("--slow-link", help="A:B:MBIT[:FROM_ITER]: netns + tc rate limit on link A-B "
                     "(root; A in DP replica 0, B in replica 1)")
+    ap.add_argument("--mesh", action="store_true",
+                    help="four emulated nodes (netns, one per TP pair) in a veth mesh, and an "
+                    "all-reduce over every rank each iteration (root)")
+    ap.add_argument("--slow-hop", help="A:B:MBIT[:FROM_ITER]: --mesh, and tc limits the node "
+                    "pair of ring hop A -> B of the world all-reduce (e.g. 3:4, 7:0)")
+    ap.add_argument("--engine", action="store_true",
+                    help="run the live engine beside the job (its diagnosis in the summary)")
+    ap.add_argument("--force-every", type=float, metavar="SECONDS",
+                    help="with --probes engine: also force a probe every SECONDS")
     ap.add_argument("--stall-s", type=float, default=6.0)
-    ap.add_argument("--probes", type=float, metavar="SECONDS",
+    ap.add_argument("--probes", metavar="SECONDS|engine",
                     help="the node agent runs a validation probe every SECONDS (gemm, p2p; "
-                    "rate-limited as failslow agent --probes; examples/probing.py)")
+                    "rate-limited as failslow agent --probes), or those the live engine "
+                    "asks for ('engine'); examples/probing.py")
     a = ap.parse_args(argv)
+    probes: float | str | None = a.probes
+    if a.probes is not None and a.probes != "engine":
+        try:
+            probes = float(a.probes)
+        except ValueError:
+            ap.error("--probes: SECONDS or 'engine'")
     summary = run(a.out, iters=a.iters, microbatches=a.microbatches, straggler=a.straggler,
                   hang=a.hang, advice=a.advice, stall_s=a.stall_s, slow_link=a.slow_link,
-                  probes=a.probes)
+                  probes=probes, mesh=a.mesh, slow_hop=a.slow_hop, force_every=a.force_every,
+                  engine=a.engine)
     summary.pop("times")
+    summary.pop("starts")
     print(json.dumps(summary))
     return 0 if not summary["failed"] else 1
 

@@ -1,17 +1,19 @@
 """``p2p``: bandwidth between the probed rank's node and its peer's node.
 
-Here (no GPU, no job process to borrow a communicator from) the path is TCP from this agent
-to the peer node's probe endpoint (:mod:`.endpoint`): ``nbytes`` are sent and timed until the
-endpoint acknowledges them all. Latency is the ``rtt`` probe's (:mod:`.rtt`).
+:class:`P2PProbe` is TCP from this agent to the peer node's probe endpoint (:mod:`.endpoint`):
+``nbytes`` are sent and timed until the endpoint acknowledges them all; the path is the
+hosts' TCP/IP path, which is the job's only where the job runs over TCP sockets on the same
+interfaces. Latency is the ``rtt`` probe's (:mod:`.rtt`).
 
-On a real cluster the job's own path is NCCL (or gloo on CPU): the measurement that matters
-is a ``torch.distributed`` send/recv between the two ranks over a two-rank group created for
-the probe (``dist.new_group([rank, peer], backend="nccl")``), timed with CUDA events around
-``dist.send`` / ``dist.recv`` of ``nbytes`` on the GPU. That runs inside the training
-processes (the agent cannot join their process group), so it belongs to the in-process
-collector: :class:`TorchP2P` is that measurement behind this same interface, for a caller
-that owns an initialised process group; verify it on a GPU node by running two ranks with
-``NCCL_P2P_DISABLE=1`` vs. unset and checking that the probed time follows the path.
+:class:`TorchP2P` is the job's own library: ``torch.distributed`` round trips of ``nbytes``
+(gloo on the CPU, NCCL with CUDA events on a GPU) between two ranks of a process group that
+both call it. The agent cannot join the training processes' groups, so on the CPU it runs in
+probe helpers with a gloo group of their own, one helper per node, placed on the node's
+interface and network namespace (:mod:`.gloo`, :class:`~.gloo.GlooP2P`; the example job's
+mesh). On a GPU node the same measurement runs in the training processes' collector over a
+two-rank group made for the probe (``dist.new_group([rank, peer], backend="nccl")``); verify
+it by running two ranks with ``NCCL_P2P_DISABLE=1`` vs. unset and checking that the probed
+time follows the path (NVLink vs. PCIe / network).
 """
 
 from __future__ import annotations
@@ -92,36 +94,57 @@ class P2PProbe:
 
 
 class TorchP2P:
-    """The job's own path: ``torch.distributed`` send/recv of ``nbytes`` between ``rank`` and
-    ``peer`` in ``group`` (NCCL with CUDA events on a GPU, gloo on the CPU), timed on the
-    sending rank. Needs an initialised process group and both ranks calling it (the receiver
-    with the same request), so it runs in the training processes; not used by the agent."""
+    """The job's own path: ``torch.distributed`` round trips between ``rank`` and ``peer``
+    in ``group`` (NCCL with CUDA events on a GPU, gloo on the CPU): ``nbytes`` sent, one byte
+    acknowledged, ``repeats`` times, the fastest kept (timed on the sender). Both ends call
+    :meth:`measure` with the same request; ``ranks`` maps the request's job ranks to ranks of
+    ``group``'s world (identity by default) and ``tag`` keeps one probe's messages apart from
+    another's. On the CPU it runs in the probe helpers of :mod:`.gloo` (their own gloo group,
+    not the job's); on a GPU node, in the training processes' collector."""
 
     kind = "p2p"
 
-    def __init__(self, group: Any, my_rank: int, nbytes: int) -> None:
+    def __init__(self, group: Any, my_rank: int, nbytes: int, repeats: int = 3,
+                 ranks: Mapping[int, int] | None = None, tag: int = 0) -> None:
         self.group = group
         self.my_rank = my_rank
         self.nbytes = nbytes
+        self.repeats = repeats
+        self.ranks = dict(ranks or {})
+        self.tag = tag
 
     def measure(self, request: ProbeRequest, deadline: Deadline) -> tuple[int, int | None]:
         import torch
         import torch.distributed as dist
 
-        cuda = torch.cuda.is_available() and dist.get_backend(self.group) == "nccl"
-        buf = torch.empty(self.nbytes, dtype=torch.uint8, device="cuda" if cuda else "cpu")
-        sender = self.my_rank == request.rank
-        other = request.peer if sender else request.rank
-        if other is None:
+        if request.peer is None:
             raise ProbeFailed("p2p needs a peer")
-        deadline.check("send/recv")
-        if cuda:
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            (dist.send if sender else dist.recv)(buf, other, group=self.group)
-            end.record()
-            end.synchronize()
-            return int(start.elapsed_time(end) * 1e6), self.nbytes
-        t0 = time.perf_counter_ns()
-        (dist.send if sender else dist.recv)(buf, other, group=self.group)
-        return time.perf_counter_ns() - t0, self.nbytes
+        src = self.ranks.get(request.rank, request.rank)
+        dst = self.ranks.get(request.peer, request.peer)
+        cuda = torch.cuda.is_available() and dist.get_backend(self.group) == "nccl"
+        device = "cuda" if cuda else "cpu"
+        buf = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        ack = torch.zeros(1, dtype=torch.uint8, device=device)
+        sender = self.my_rank == src
+        other = dst if sender else src
+        times = []
+        for i in range(self.repeats):
+            deadline.check(f"round trip {i + 1} of {self.repeats}")
+            tag = self.tag * 64 + i
+            t0 = time.perf_counter_ns()
+            if cuda:
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+            if sender:
+                dist.send(buf, other, group=self.group, tag=tag)
+                dist.recv(ack, other, group=self.group, tag=tag)
+            else:
+                dist.recv(buf, other, group=self.group, tag=tag)
+                dist.send(ack, other, group=self.group, tag=tag)
+            if cuda:
+                end.record()
+                end.synchronize()
+                times.append(int(start.elapsed_time(end) * 1e6))
+            else:
+                times.append(time.perf_counter_ns() - t0)
+        return min(times), self.nbytes

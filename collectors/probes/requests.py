@@ -15,7 +15,7 @@ from typing import Any
 
 from failslow.engine.probes import PROBE_REQUESTS_TOPIC, ProbeRequest
 
-__all__ = ["KafkaRequests", "publish_requests", "ensure_topic"]
+__all__ = ["KafkaRequests", "EmbeddedRequests", "publish_requests", "ensure_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +98,30 @@ class KafkaRequests:
         self._stop.set()
         self._thread.join(self.fetch_timeout_s + 10)
         self.transport.close()
+
+
+class EmbeddedRequests:
+    """The requests topic of an in-process transport (``InProcessTransport``: a stream
+    processor embedded beside the agent, as in examples/hybrid_job.py), read from its
+    retained log without joining its one consumer. Malformed requests are logged and
+    dropped."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.read = 0
+        self.bad = 0
+
+    def poll(self) -> list[ProbeRequest]:
+        messages = self.transport.messages(PROBE_REQUESTS_TOPIC)
+        new, self.read = messages[self.read:], len(messages)
+        out = []
+        for m in new:
+            try:
+                out.append(ProbeRequest.from_json(m.value))
+            except ValueError as e:
+                self.bad += 1
+                log.warning("probe request at %s@%d dropped: %s", m.topic, m.offset, e)
+        return out
+
+    def close(self) -> None:
+        pass

@@ -110,8 +110,11 @@ class ProbeRunner:
         self.busy = busy
         self.clock, self.sleep = clock, sleep
         self.wait_step_s = wait_step_s
-        self.job_per_minute, self.burst = job_per_minute, burst
+        self.node_per_minute, self.job_per_minute, self.burst = (node_per_minute,
+                                                                 job_per_minute, burst)
         self.node_bucket = TokenBucket(node_per_minute / 60, burst, clock)
+        #: buckets of the other nodes this runner serves (emulated nodes of one host)
+        self.node_buckets: dict[str, TokenBucket] = {}
         self.job_buckets: dict[str, TokenBucket] = {}
         self.history: dict[tuple[str, int, int | None], list[int]] = {}
         self.max_history = history
@@ -128,6 +131,14 @@ class ProbeRunner:
             self.job_buckets[job] = TokenBucket(self.job_per_minute / 60, self.burst,
                                                 self.clock)
         return self.job_buckets[job]
+
+    def _node_bucket(self, node: str) -> TokenBucket:
+        if not node or node == self.node:
+            return self.node_bucket
+        if node not in self.node_buckets:
+            self.node_buckets[node] = TokenBucket(self.node_per_minute / 60, self.burst,
+                                                  self.clock)
+        return self.node_buckets[node]
 
     def _wait_idle(self, request: ProbeRequest, deadline: Deadline) -> bool:
         ranks = [request.rank] + ([request.peer] if request.peer is not None else [])
@@ -152,14 +163,16 @@ class ProbeRunner:
 
     def run(self, request: ProbeRequest) -> dict[str, Any]:
         """One request -> its ``probe`` row (never raises)."""
-        t0 = time.perf_counter_ns()
+        # the probe's own time: from here, or from when its ranks were idle (waiting for
+        # them costs the job nothing)
+        t0 = [time.perf_counter_ns()]
         deadline = Deadline(request.deadline_s, self.clock)
 
         def done(status: str, detail: str | None = None, elapsed: int | None = None,
                  nbytes: int | None = None, baseline: int | None = None) -> dict[str, Any]:
             self.counts[status] += 1
-            return make_row(request, self.node, status, time.perf_counter_ns() - t0, elapsed,
-                            nbytes, baseline, detail)
+            return make_row(request, self.node, status, time.perf_counter_ns() - t0[0],
+                            elapsed, nbytes, baseline, detail)
 
         if not self.enabled(request.job):
             return done("skipped", f"probes disabled for job {request.job}")
@@ -171,12 +184,14 @@ class ProbeRunner:
             return done("skipped", f"no {request.probe} probe on node {self.node}")
         if not self._wait_idle(request, deadline):
             return done("skipped", BUSY_DETAIL)
+        t0[0] = time.perf_counter_ns()
         job_bucket = self._job_bucket(request.job)
-        if not self.node_bucket.available():
-            return done("skipped", f"rate limit of node {self.node}")
+        node_bucket = self._node_bucket(request.node)
+        if not node_bucket.available():
+            return done("skipped", f"rate limit of node {request.node or self.node}")
         if not job_bucket.take():
             return done("skipped", f"rate limit of job {request.job}")
-        self.node_bucket.take()
+        node_bucket.take()
         baseline = self.baseline(request)
         try:
             elapsed, nbytes = probe.measure(request, deadline)
@@ -213,11 +228,14 @@ class ProbeService:
     """The agent's side: requests for this node's ranks from ``source`` run one at a time on
     a worker thread (the agent's loop never waits for a probe); :meth:`poll` takes the rings'
     new ``coll`` rows (for :class:`BusyTracker`) and returns the finished rows as batches for
-    the agent's sink. A ``runner`` without a busy predicate gets the tracker's."""
+    the agent's sink. A ``runner`` without a busy predicate gets the tracker's. ``nodes``:
+    other nodes whose requests it runs too (nodes emulated on this host, each with its own
+    rate limit in the runner)."""
 
     def __init__(self, node: str, source: RequestSource | None, runner: ProbeRunner,
-                 *, closers: Iterable[Any] = ()) -> None:
+                 *, closers: Iterable[Any] = (), nodes: Iterable[str] = ()) -> None:
         self.node = node
+        self.nodes = frozenset(nodes) | {node}
         self.source = source
         self.runner = runner
         self.tracker = BusyTracker()
@@ -245,7 +263,7 @@ class ProbeService:
 
     def submit(self, request: ProbeRequest) -> bool:
         """Queue ``request`` if it is for a rank of this node."""
-        if request.node and request.node != self.node:
+        if request.node and request.node not in self.nodes:
             self.stats["foreign"] += 1
             return False
         self.stats["requests"] += 1

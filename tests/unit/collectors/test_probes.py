@@ -236,6 +236,24 @@ def test_busy_rank_waits_for_the_collective_then_gives_up() -> None:
     assert not tracker.busy(0)
 
 
+def test_the_wait_for_an_idle_rank_is_not_the_probes_time() -> None:
+    """``duration_ns`` (what the diagnosis charges as training time lost) is the probe's own
+    time: not the wait while its rank was inside a collective (the job lost nothing then)."""
+    checks = {"n": 0}
+
+    def busy_twice(rank: int) -> bool:
+        checks["n"] += 1
+        return checks["n"] <= 2
+
+    waited = 0.3
+    runner = ProbeRunner("n0", {"gemm": GemmProbe(n=16, repeats=1, device="cpu")},
+                         jobs={"j"}, busy=busy_twice, sleep=lambda s: time.sleep(waited / 2),
+                         wait_step_s=0.01)
+    row = runner.run(ProbeRequest("c/gemm/0/-1/suspect", "j", "gemm", 0, deadline_s=30.0))
+    assert row["status"] == "ok" and checks["n"] == 3
+    assert row["duration_ns"] < waited / 2 * 1e9  # a 16x16 GEMM, without the 0.3 s wait
+
+
 class ListSource:
     def __init__(self, requests: list[ProbeRequest]) -> None:
         self.requests = requests

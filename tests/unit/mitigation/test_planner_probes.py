@@ -33,11 +33,13 @@ def compute(detected: int, extra: dict[str, Any] | None = None) -> Anomaly:
                    detected_ns=detected, extra=dict(extra or {}))
 
 
-def probed(a: Anomaly, *runs: tuple[str, int, int | None]) -> Anomaly:
+def probed(a: Anomaly, *runs: tuple[str, int | None, int | None]) -> Anomaly:
     """``a`` with the evidence of GEMM probes (status, elapsed ms, baseline ms) applied, as
-    the engine reports it."""
+    the engine reports it; a probe that ran took its measured time (``elapsed``) once more
+    for warm-up, one that was skipped took no time of the job's."""
     rows = [{"request": request_id(a.id, "gemm", 3 + i, None, "suspect"), "probe": "gemm",
-             "rank": 3 + i, "peer": None, "status": status, "duration_ns": 300_000_000,
+             "rank": 3 + i, "peer": None, "status": status,
+             "duration_ns": 0 if status == "skipped" else (ms or 0) * 2_000_000,
              "elapsed_ns": None if ms is None else ms * 1_000_000,
              "baseline_ns": None if base is None else base * 1_000_000, "bytes": None,
              "detail": None if status == "ok" else "deadline"}
@@ -60,12 +62,13 @@ def test_probe_time_lost_is_charged_once_and_can_escalate() -> None:
     planner, a = _start()
     # re-reported without probes, or with probes that did not run: nothing is charged
     assert planner.update(iterations(25 * S, []), [a]) == []
-    not_run = probed(a, ("timeout", None, None), ("skipped", None, None))
+    not_run = probed(a, ("failed", None, None), ("skipped", None, None))
     assert not_run.extra["probe_cost"]["training_lost_s"] == 0
     assert planner.update(iterations(25 * S, []), [not_run]) == []
     assert planner._open["a1"].impact_s == 1.5
-    # a GEMM probe that cost 0.6 s of shared GPU time: 1.5 + 0.6 >= 2 -> S2 now
-    report = probed(a, ("ok", 600, 300))
+    # a GEMM probe that cost 0.6 s of shared GPU time (warm-up and its 0.3 s run):
+    # 1.5 + 0.6 >= 2 -> S2 now
+    report = probed(a, ("ok", 300, 150))
     assert report.extra["probe_cost"]["training_lost_s"] == 0.6
     assert report.extra["probe"]["verdict"] == "GPU slow on rank 3"
     advice = planner.update(iterations(25 * S, []), [report])
@@ -79,13 +82,13 @@ def test_probe_time_lost_is_charged_once_and_can_escalate() -> None:
 
 def test_probe_charge_survives_snapshot_and_counts_only_growth() -> None:
     planner, a = _start()
-    first = probed(a, ("ok", 300, 300))
+    first = probed(a, ("ok", 150, 150))
     assert planner.update(iterations(25 * S, []), [first]) == []   # 1.5 + 0.3 < 2
     restored = MitigationPlanner("j", PlannerConfig(cost_s=dict(COSTS)))
     restored.restore(planner.snapshot())
     assert restored._open["a1"].probe_s == 0.3
     # a second probe: the cost grows to 0.6 s, only the 0.3 s more is charged
-    second = probed(first, ("ok", 300, 300), ("ok", 300, 300))
+    second = probed(first, ("ok", 150, 150), ("ok", 150, 150))
     assert second.extra["probe_cost"]["training_lost_s"] == 0.6
     advice = restored.update(iterations(25 * S, []), [second])
     assert [(x.strategy, x.action) for x in advice] == [("S2", "apply")]
