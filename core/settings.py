@@ -119,6 +119,9 @@ class ProcessorSettings(BaseModel):
     exit_when_idle: float | None = None
     #: mitigation planner action costs, ``S2=5,S3=60,S4=1800`` (seconds of training)
     planner_costs: str = ""
+    #: threads that run one job's independent detectors side by side (numpy releases the
+    #: GIL in its sorts and reductions); 0: the machine's cores, at most 4; 1: none
+    engine_threads: int = Field(default=0, ge=0)
 
 
 class NotifySettings(BaseModel):
@@ -204,6 +207,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_METRICS_PORT": ("processor", "metrics_port"),
     "FAILSLOW_EXIT_WHEN_IDLE": ("processor", "exit_when_idle"),
     "FAILSLOW_PLANNER_COSTS": ("processor", "planner_costs"),
+    "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
     "FAILSLOW_WEBHOOK_SECRET": ("notify", "webhook_secret"),
     "FAILSLOW_PROMETHEUS_URL": ("notify", "prometheus_url"),
     "FAILSLOW_JOB": ("collector", "job"),

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -42,6 +45,7 @@ from failslow.engine.probes import (
 from failslow.engine.registry import JobConfig
 from failslow.events import JobMeta
 from failslow.mitigation.planner import Advice, AnomalyPlans, MitigationPlanner
+from failslow.settings import get_settings
 
 __all__ = ["JobAnalyzer", "JobConfig", "Output", "Reports", "only"]
 
@@ -89,6 +93,8 @@ class JobAnalyzer:
             meta, self.config, lambda: list(self._anomalies.values()))
         #: detectors that raised, with the error (skipped from then on; see ``_guard``)
         self.failed: dict[str, str] = {}
+        #: the detectors in waves that may run side by side (:func:`waves`)
+        self._waves = waves(self.detectors)
         #: repeated ``coll`` rows (at-least-once delivery) never reach the detectors
         self.dedup = CollDeduplicator()
         #: ranks that sent at least one ``coll`` row (see ``_unknown_roots``)
@@ -130,14 +136,19 @@ class JobAnalyzer:
         batch = dict(batch)
         derived: dict[str, pa.Table] = {}
         found: list[Anomaly] = []
-        for name, det in self.detectors.items():
-            reports = self._guard(name, partial(det.update, batch), list[Anomaly]())
-            self._record(reports)
-            found += reports
-            if name in self.failed:
-                continue
-            for table_name, table in det.outputs().items():
-                batch[table_name] = derived[table_name] = table
+        for wave in self._waves:
+            # the detectors of one wave read nothing the others derive or report: side by
+            # side on the engine's threads, their reports taken in registry order
+            calls: list[Callable[[], list[Anomaly]]] = [
+                partial(self._guard, name, partial(self.detectors[name].update, batch),
+                        list[Anomaly]()) for name in wave]
+            for name, reports in zip(wave, _run_all(calls), strict=True):
+                self._record(reports)
+                found += reports
+                if name in self.failed:
+                    continue
+                for table_name, table in self.detectors[name].outputs().items():
+                    batch[table_name] = derived[table_name] = table
         # active validation (issue 17): probe rows answering open anomalies are evidence
         found += apply_probe_rows(self._anomalies, batch.get("probe"))
         iterations = derived.get("iterations", results.empty("iterations"))
@@ -277,6 +288,47 @@ class JobAnalyzer:
         if seen is not None:
             bits = np.frombuffer(base64.b64decode(seen["bits"]), dtype=np.uint8)
             self.observed = np.unpackbits(bits)[:int(seen["n"])].astype(bool)
+
+
+def waves(detectors: dict[str, Detector]) -> list[list[str]]:
+    """The detectors, in registry order, cut into waves whose members may run side by side:
+    a detector starts a new wave when it reads a table one of the current wave derives, or
+    when it reads the other detectors' reports (``reads_reports``: the link-rate detector
+    does not repeat a link already named)."""
+    out: list[list[str]] = []
+    produced: set[str] = set()
+    for name, det in detectors.items():
+        after = bool(getattr(det, "reads_reports", False)) or bool(produced & det.kinds)
+        if not out or after:
+            out.append([])
+            produced = set()
+        out[-1].append(name)
+        produced |= set(det.produces)
+    return out
+
+
+_POOL: list[ThreadPoolExecutor | None] = [None]
+_POOL_LOCK = threading.Lock()
+
+
+def _threads() -> int:
+    n = get_settings().processor.engine_threads
+    return n if n > 0 else min(4, os.cpu_count() or 1)
+
+
+def _run_all(calls: list[Callable[[], T]]) -> list[T]:
+    """Every call's result, in order: on the engine's shared threads when there are several
+    calls and threads, else here."""
+    if len(calls) < 2 or _threads() < 2:
+        return [c() for c in calls]
+    with _POOL_LOCK:
+        pool = _POOL[0]
+        if pool is None:
+            pool = _POOL[0] = ThreadPoolExecutor(max_workers=_threads(),
+                                                 thread_name_prefix="failslow-engine")
+    futures = [pool.submit(c) for c in calls[1:]]
+    first = calls[0]()  # this thread takes a share of the work too
+    return [first, *(f.result() for f in futures)]
 
 
 class Reports:

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 
 from failslow import events
 
-_DECODED: list[Any] = [None, None]  # the latest table and its columns
+#: the latest table and its columns, as one tuple (detectors of a job may run in threads)
+_DECODED: list[Any] = [(None, None)]
 
 
 def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
@@ -21,9 +22,9 @@ def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
     ``seq``, ``peer``, ``t``, ``t_start`` (``NULL_TIME`` when null) as int64, ``comm`` as
     uint64, ``bytes`` as int64, ``op`` as its index in ``events.COLL_OPS`` and
     ``is_enter``."""
-    if _DECODED[0] is coll:
-        cached: dict[str, np.ndarray] = _DECODED[1]
-        return cached
+    table, cached = _DECODED[0]
+    if table is coll:
+        return dict(cached)
     op = pc.index_in(coll.column("op"), value_set=pa.array(events.COLL_OPS))
     out = {
         "rank": coll.column("rank").to_numpy().astype(np.int64),
@@ -39,8 +40,8 @@ def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
         "t_start": pc.fill_null(coll.column("t_start"), events.NULL_TIME).to_numpy()
         .astype(np.int64),
     }
-    _DECODED[0], _DECODED[1] = coll, out
-    return out
+    _DECODED[0] = (coll, out)
+    return dict(out)
 
 
 def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:

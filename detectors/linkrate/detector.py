@@ -54,6 +54,8 @@ class LinkRateDetector:
     name: ClassVar[str] = "linkrate"
     kinds: ClassVar[frozenset[str]] = frozenset({"coll", "link", "iterations"})
     produces: ClassVar[tuple[str, ...]] = ()
+    #: it reads the anomalies the detectors before it reported (``known``): it runs after them
+    reads_reports: ClassVar[bool] = True
 
     def __init__(self, meta: JobMeta, config: LinkRateConfig | None = None,
                  known: Callable[[], list[Anomaly]] | None = None) -> None:
