@@ -384,8 +384,14 @@ class Executor:
         x = ms * float(self.noise.factor(s.jitter, s.jitter_scale))
         if mb >= 0:
             x *= self.noise.seqlen[it, c["dp"], mb]
-        x *= self.noise.burst[it, self.lay.node[r]]
-        for f in s.faults:
+        return x * self.gpu_factor(r, it, phase)
+
+    def gpu_factor(self, r: int, it: int, phase: str | None) -> float:
+        """The compute model of rank ``r``'s GPU in iteration ``it``: how much slower than
+        nominal it runs ``phase`` (``f``/``b``/``o``; None: work of no pass, such as a probe's
+        GEMM, slowed only by what slows every pass): its node's burst and its faults."""
+        x = float(self.noise.burst[it, self.lay.node[r]])
+        for f in self.spec.faults:
             if (
                 f.cause == "compute"
                 and f.rank == r
@@ -402,23 +408,29 @@ class Executor:
                 x *= f.factor
         return x
 
+    def path(self, a: int, b: int, it: int) -> tuple[float, float]:
+        """The network model of the path a -> b in iteration ``it``: bytes per ns and latency
+        in ns. Every transfer of the trace (ring hops, point-to-point messages) and every
+        probe of :mod:`failslow.bench.heldout_probes` is timed by it."""
+        bw, lat = self.lay.bw_lat(a, b)
+        return bw / self.link_factor(a, b, it), lat
+
     def transfer_ns(self, ops: list[Op]) -> float:
         s = self.spec
         o = ops[0]
         if o.op in ("send", "recv"):
             snd = next(x for x in ops if x.op == "send")
             rcv = next(x for x in ops if x.op == "recv")
-            bw, lat = self.lay.bw_lat(snd.rank, rcv.rank)
-            bw /= self.link_factor(snd.rank, rcv.rank, o.it)
+            bw, lat = self.path(snd.rank, rcv.rank, o.it)
             return (lat + o.nbytes / bw) * float(self.noise.factor(s.comm_jitter, 0.05))
         members = [x.rank for x in sorted(ops, key=lambda x: self.comm_rank(x))]
         n = len(members)
         hop = np.empty(n)
         for i in range(n):
             a, b = members[i], members[(i + 1) % n]
-            bw, lat = self.lay.bw_lat(a, b)
+            bw, lat = self.path(a, b, o.it)
             chunk = o.nbytes / n if o.op == "allreduce" else o.nbytes
-            hop[i] = lat + chunk * self.link_factor(a, b, o.it) / bw
+            hop[i] = lat + chunk / bw
         steps = 2 * (n - 1) if o.op == "allreduce" else n - 1
         for x in ops:
             x.steps = steps
@@ -581,8 +593,12 @@ def _clock(spec: Spec, lay: Layout, rng: random.Random) -> tuple[np.ndarray, np.
     return off, drift
 
 
-def generate(spec: Spec) -> tuple[dict[str, Any], dict[str, pa.Table], dict[str, Any]]:
-    """(meta, tables by kind, truth) of one held-out job."""
+def generate(
+    spec: Spec, keep: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, pa.Table], dict[str, Any]]:
+    """(meta, tables by kind, truth) of one held-out job; ``keep`` (when given) receives the
+    job's ``layout``, ``executor`` and observed clock ``obs(rank, true_ns)`` (probes of the
+    generated cluster, :mod:`failslow.bench.heldout_probes`)."""
     rng = random.Random(spec.seed)
     lay = Layout(spec, rng)
     progs = _programs(spec, lay)
@@ -598,6 +614,8 @@ def generate(spec: Spec) -> tuple[dict[str, Any], dict[str, pa.Table], dict[str,
         )
         return (t + off[n] + drift[n] * (t - T0) + step).astype(np.int64)
 
+    if keep is not None:
+        keep.update(layout=lay, executor=ex, obs=obs)
     ops = ex.ops
     rank = np.array([o.rank for o in ops], dtype=np.int32)
     enter = np.array([o.enter for o in ops])
@@ -906,9 +924,10 @@ def _truth(spec: Spec, lay: Layout, ex: Executor, obs: Any) -> dict[str, Any]:
     }
 
 
-def write(spec: Spec, path: Path) -> dict[str, Any]:
-    """Generate and write a trace directory (plus ``truth.json``); returns the truth."""
-    meta, tables, truth = generate(spec)
+def write(spec: Spec, path: Path, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generate and write a trace directory (plus ``truth.json``); returns the truth
+    (``keep``: as :func:`generate`)."""
+    meta, tables, truth = generate(spec, keep)
     path.mkdir(parents=True, exist_ok=True)
     for p in path.iterdir():
         p.unlink()

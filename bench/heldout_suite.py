@@ -33,7 +33,11 @@ job's cost). Scoring (:func:`score_job`, :func:`summarize`):
   the floors' unit), and the same in baseline iteration times (``*_baseline_iterations``:
   a 2x slow iteration counts 2); anomalies in clean runs;
 * hangs: precision, recall, F1, class and root-rank accuracy, latency in seconds;
-* every figure also per family.
+* every figure also per family;
+* with probes (issue 17): each job is diagnosed again with probes enabled for it, the
+  generated cluster answering them (:mod:`failslow.bench.heldout_probes`), and scored the
+  same way: ``figures_with_probes`` / ``floors_with_probes`` beside the figures without
+  probes, which keep issue 14's floors.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from failslow.bench import heldout as hg
+from failslow.bench import heldout_probes as hp
 
 #: Fault families and how many jobs each has at ``scale`` 1.
 FAMILIES: dict[str, int] = {
@@ -531,18 +536,25 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
     return {"faults": rows, "false_positives": false, "anomalies": len(anomalies)}
 
 
-def run_job(job: Job, workdir: Path | None = None) -> dict[str, Any]:
-    """Generate one job, diagnose it like ``failslow analyze`` and score it."""
+def run_job(job: Job, workdir: Path | None = None, probes: bool = True) -> dict[str, Any]:
+    """Generate one job, diagnose it like ``failslow analyze`` and score it; ``probes``: and
+    again with active validation probes answered by the generated cluster
+    (:mod:`failslow.bench.heldout_probes`), scored under ``with_probes``."""
     from failslow.engine.offline import analyze
 
+    keep: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         path = Path(tmp) / job.name
         t0 = time.perf_counter()
-        truth = hg.write(job.spec, path)
+        truth = hg.write(job.spec, path, keep)
         t1 = time.perf_counter()
         diag = analyze(path).to_dict()
         t2 = time.perf_counter()
-    return result(job, truth, diag, gen_s=t1 - t0, analyze_s=t2 - t1)
+        out = result(job, truth, diag, gen_s=t1 - t0, analyze_s=t2 - t1)
+        if probes:
+            out["with_probes"] = hp.run_probed(job.spec, keep, path, truth_units(job, truth),
+                                               score_job)
+    return out
 
 
 def result(job: Job, truth: dict[str, Any], diag: dict[str, Any], gen_s: float = 0.0,
@@ -668,19 +680,23 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
                   key=lambda f: order.index("link-dp") + 0.5 if f == "link-dp-mild"
                   else order.index(f))
     per = {fam: _figures(results, fam) for fam in fams}
-    return {"figures": fig, "floors": floors(fig),
-            "all_floors_pass": all(v["pass"] for v in floors(fig).values()),
-            "families": per}
+    out = {"figures": fig, "floors": floors(fig),
+           "all_floors_pass": all(v["pass"] for v in floors(fig).values()),
+           "families": per}
+    if any("with_probes" in r for r in results):
+        out.update(hp.summary(results, _figures, fams))
+    return out
 
 
 def heldout_suite(scale: float = 1.0, seed: int = 0,
-                  progress: Callable[[dict[str, Any]], None] | None = None
-                  ) -> dict[str, Any]:
-    """Draw, run and score the suite; ``progress`` is called with each job's result."""
+                  progress: Callable[[dict[str, Any]], None] | None = None,
+                  probes: bool = True) -> dict[str, Any]:
+    """Draw, run and score the suite; ``progress`` is called with each job's result;
+    ``probes``: each job is diagnosed a second time with probes on (``*_with_probes``)."""
     t0 = time.perf_counter()
     results = []
     for job in suite(scale, seed):
-        res = run_job(job)
+        res = run_job(job, probes=probes)
         results.append(res)
         if progress is not None:
             progress(res)
@@ -712,8 +728,9 @@ def line(r: dict[str, Any]) -> str:
                      + (f" WRONG {','.join(bad)} (true {f['true']})" if bad else ""))
     for a in r["false_positives"]:
         parts.append(f"FP {a['kind']}/{a['cause']}{a['ranks']}")
+    probed = hp.line(r["with_probes"]) if "with_probes" in r else ""
     return (f"{r['name']:22s} {r['shape']:14s} {r['order']} {r['ranks']:5d} "
-            f"{r['seconds']:5.1f}s  " + ("; ".join(parts) or "-"))
+            f"{r['seconds']:5.1f}s  " + ("; ".join(parts) or "-") + probed)
 
 
 def _fmt(v: Any) -> str:
@@ -748,16 +765,21 @@ def table(out: dict[str, Any]) -> str:
     lines.append("  " + f"{'family':18s}" + "".join(f"{c:>8s}" for c, _ in cols))
     for fam, f in out["families"].items():
         lines.append("  " + f"{fam:18s}" + "".join(f"{_fmt(f.get(k)):>8s}" for _, k in cols))
+    if "floors_with_probes" in out:
+        lines += hp.table(out)
     return "\n".join(lines)
 
 
 def bench_heldout(args: argparse.Namespace) -> dict[str, Any]:
     """``failslow bench accuracy-heldout [--seed N] [--scale S] [--json]``: the held-out
-    suite alone, one line per job while it runs, then the floors and the families."""
+    suite alone, one line per job while it runs, then the floors and the families; without
+    probes (issue 14's floors) and with them (issue 17: ``*_with_probes``), side by side
+    (``args.probes`` False: without only)."""
     seed = int(getattr(args, "seed", 0) or 0)
     quiet = bool(getattr(args, "json", False))
     out = heldout_suite(args.scale, seed,
-                        progress=None if quiet else (lambda r: print(line(r), flush=True)))
+                        progress=None if quiet else (lambda r: print(line(r), flush=True)),
+                        probes=bool(getattr(args, "probes", True)))
     if not quiet:
         print(table(out))
     return out

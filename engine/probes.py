@@ -174,7 +174,7 @@ class ProbeRequester:
         """Rank pairs at the ends of the candidate links, sender first: the slow-down
         detector's candidate hops (``link_candidates``), else the link-rate detector's
         candidate node pairs (first rank of each node), else neighbouring ranks of the
-        anomaly."""
+        anomaly, else (a mixed anomaly of one rank) that rank's own hops."""
         first: dict[str, int] = {}
         for r, n in sorted(self.meta.nodes.items()):
             first.setdefault(n, r)
@@ -187,7 +187,24 @@ class ProbeRequester:
         if not pairs:
             ranks = sorted(set(a.ranks))
             pairs = list(zip(ranks, ranks[1:], strict=False))
+        if not pairs and a.cause == "mixed" and len(set(a.ranks)) == 1:
+            pairs = self._own_hops(a.ranks[0])
         return list(dict.fromkeys(pairs))
+
+    def _own_hops(self, rank: int) -> list[tuple[int, int]]:
+        """The hops of ``rank`` to its neighbours in each of its communicators (to it, then
+        from it), those that leave its node when any does: the candidates of the slow link of
+        a mixed slow-down whose slow rank is known but not its link."""
+        pairs: list[tuple[int, int]] = []
+        for c in self.meta.comms:
+            members = list(c.ranks)
+            if rank not in members or len(members) < 2:
+                continue
+            i = members.index(rank)
+            prev, nxt = members[i - 1], members[(i + 1) % len(members)]
+            pairs += [(prev, rank)] if prev == nxt else [(prev, rank), (rank, nxt)]
+        cross = [p for p in pairs if self.node(p[0]) != self.node(p[1])]
+        return cross or pairs
 
     def _comm_members(self, a: Anomaly) -> tuple[int, ...]:
         for c in self.meta.comms:
@@ -315,6 +332,9 @@ def _p2p_verdict(anomaly: Anomaly, rows: list[Mapping[str, Any]]) -> dict[str, A
         worst = max(slow, key=lambda p: p["ratio"])
         anomaly.link = sorted(int(x) for x in worst["pair"])
         out["link_named_by"] = "p2p"
+        if anomaly.cause == "communication":  # diagnosis.md: the smallest set explaining it
+            out["ranks_before_probe"] = list(anomaly.ranks)
+            anomaly.ranks = list(anomaly.link)
         out["verdict"] = (f"link {worst['pair'][0]}-{worst['pair'][1]} is {worst['ratio']}x "
                           "slower than its reference")
     elif slow:
@@ -404,3 +424,5 @@ def carry_probe_evidence(previous: Anomaly | None, report: Anomaly) -> None:
     if (report.link is None and previous.link is not None
             and previous.extra.get("probe", {}).get("link_named_by")):
         report.link = list(previous.link)
+        if report.cause == "communication" == previous.cause:
+            report.ranks = list(previous.ranks)

@@ -197,7 +197,10 @@ def test_probes_name_the_ring_hop_the_detectors_could_not(tmp_path: Path) -> Non
     analyzer.update({"probe": rows_table(rows)})
     diag = analyzer.diagnosis()
     [a] = diag.anomalies
-    assert a.link == [7, 8] and a.ranks == found.ranks and a.cause == "communication"
+    # the smallest set explaining it (diagnosis.md): the named link's ends, the candidates'
+    # ranks kept in the evidence
+    assert a.link == [7, 8] and a.ranks == [7, 8] and a.cause == "communication"
+    assert a.extra["probe"]["ranks_before_probe"] == found.ranks
     assert a.extra["link_candidates"] == found.extra["link_candidates"]
     validate(diag.to_dict())
 
