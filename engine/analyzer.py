@@ -311,6 +311,16 @@ _POOL: list[ThreadPoolExecutor | None] = [None]
 _POOL_LOCK = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it makes a pool of its own."""
+    global _POOL_LOCK
+    _POOL[0] = None
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _threads() -> int:
     n = get_settings().processor.engine_threads
     return n if n > 0 else min(4, os.cpu_count() or 1)

@@ -29,3 +29,21 @@ def test_threads_give_the_diagnosis_of_one_thread(preset: str,
         got[threads] = run_analyzer(sim.meta, tables).diagnosis().to_dict()
     assert got["1"]["anomalies"], "nothing found"
     assert got["2"] == got["1"]
+
+
+def test_a_forked_child_runs_the_engine_on_threads_of_its_own() -> None:
+    """The pool's threads do not survive a fork: a child that analyses after its parent
+    did must not wait on them."""
+    import multiprocessing as mp
+
+    sim = simulate(scenario_from_dict({"preset": "mixed", "iterations": 20}), 0)
+    tables = {k: t for k, t in sim.tables.items()}
+    want = run_analyzer(sim.meta, tables).diagnosis().to_dict()  # the parent's pool exists
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_diagnose, (sim.meta, tables)).get(timeout=120)
+    assert got == want
+
+
+def _diagnose(meta: object, tables: dict[str, object]) -> dict[str, object]:
+    return run_analyzer(meta, tables).diagnosis().to_dict()  # type: ignore[arg-type]
