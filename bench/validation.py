@@ -18,7 +18,8 @@ probes in the same run (``iteration_time_ratio``), and the process CPU seconds o
 ``example_job``: the same floors in the example job (examples/probing.py ``--case``: 8 gloo
 ranks on four emulated nodes, a slow ring hop shaped with netns + tc, probes asked by the live
 engine and run over gloo between helpers in the two nodes), when this is a checkout with the
-example extra (torch) and root; otherwise the reason it did not run.
+example extra (torch) and root, at ``--scale`` 0.5 or more; otherwise the reason it did not
+run.
 """
 
 from __future__ import annotations
@@ -224,9 +225,16 @@ def _example_job() -> dict[str, Any]:
     return result
 
 
+#: below this ``--scale`` the example job (8 processes, about 40 s) is left out
+EXAMPLE_MIN_SCALE = 0.5
+
+
 def _bench_validation_all(args: argparse.Namespace) -> dict[str, Any]:
     out = _bench_validation(args)
-    out["example_job"] = _example_job()
+    scale = float(getattr(args, "scale", 1.0) or 1.0)
+    out["example_job"] = _example_job() if scale >= EXAMPLE_MIN_SCALE else {
+        "skipped": f"--scale {scale:g} < {EXAMPLE_MIN_SCALE:g}: the example job is left out "
+                   "(tests/integration/native/test_example_engine_probes.py runs it)"}
     return out
 
 

@@ -2,9 +2,10 @@
 agents wrote, counted per job and per anomaly (:mod:`failslow.dashboards.panels`).
 
 The figures follow :func:`failslow.engine.probes.probe_cost`, the ``probe_cost`` of the
-diagnosis: a probe's own time is its ``duration_ns``; the training time it may have cost is
-the measured operation's time (``elapsed_ns``; the job is not stopped, so at most the time
-the probed GPU or link was shared with it), nothing for a skipped probe.
+diagnosis: a probe's own time is its ``duration_ns`` (set-up, warm-up and every repeat, not
+the wait for idle ranks); the training time it may have cost is the whole of that for a probe
+that ran (the job is not stopped, so at most the time the probed GPU or link was shared with
+it), nothing for a skipped probe.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from failslow.dashboards.panels_base import (
 
 #: seconds a probe ran, and training seconds it may have cost (``probe_cost``)
 PROBE_S = "round(sum(duration_ns) / 1e9, 3) AS probe_s"
-LOST_S = "round(sumIf(coalesce(elapsed_ns, 0), status != 'skipped') / 1e9, 3) AS training_lost_s"
+LOST_S = "round(sumIf(duration_ns, status != 'skipped') / 1e9, 3) AS training_lost_s"
 
 
 def probes_in_range(where: str = "") -> str:

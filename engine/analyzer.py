@@ -41,6 +41,7 @@ from failslow.engine.probes import (
     ProbeRequester,
     apply_probe_rows,
     carry_probe_evidence,
+    rows_of,
 )
 from failslow.engine.registry import JobConfig
 from failslow.events import JobMeta
@@ -149,8 +150,10 @@ class JobAnalyzer:
                     continue
                 for table_name, table in self.detectors[name].outputs().items():
                     batch[table_name] = derived[table_name] = table
-        # active validation (issue 17): probe rows answering open anomalies are evidence
+        # active validation (issue 17): probe rows answering open anomalies are evidence;
+        # a skipped one may be asked again
         found += apply_probe_rows(self._anomalies, batch.get("probe"))
+        self.requester.answered(rows_of(batch.get("probe")))
         iterations = derived.get("iterations", results.empty("iterations"))
         rounds = derived.get("rounds", results.empty("rounds"))
         return Output(found, rounds, iterations, self._advise(iterations, found),
@@ -261,6 +264,7 @@ class JobAnalyzer:
                 "planner": None if self.planner is None else self.planner.snapshot(),
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
                 "probes_asked": sorted(self.requester.asked),
+                "probes_tries": dict(sorted(self.requester.tries.items())),
                 "observed": {"n": len(self.observed), "bits": base64.b64encode(
                     np.packbits(self.observed).tobytes()).decode()}}
 
@@ -283,6 +287,8 @@ class JobAnalyzer:
             self.planner.restore(state["planner"])
         self.failed = dict(state.get("failed", {}))
         self.requester.asked = set(state.get("probes_asked", ()))
+        self.requester.tries = {str(k): int(v)
+                                for k, v in (state.get("probes_tries") or {}).items()}
         self.dedup.dropped = int(state.get("duplicates_dropped", 0))
         seen = state.get("observed")
         if seen is not None:

@@ -117,12 +117,24 @@ def parse_request_id(rid: str) -> tuple[str, str, int, int | None, str] | None:
 class ProbeRequester:
     """Requests for the suspects of open anomalies (module docstring). ``jobs``: the jobs
     with probes enabled (``*``: all). Remembers what it asked, so a suspect is asked about
-    once per anomaly."""
+    once per anomaly; a request the agent skipped (its rank stayed inside a collective, a
+    rate limit) may be asked again when the anomaly is next reported, ``max_tries`` times in
+    all."""
 
     meta: JobMeta
     jobs: frozenset[str] = frozenset()
     deadline_s: float = 2.0
     asked: set[str] = field(default_factory=set)
+    #: how many times each request was asked
+    tries: dict[str, int] = field(default_factory=dict)
+    max_tries: int = 3
+
+    def answered(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Probe rows came back: a skipped request may be asked again (``max_tries``)."""
+        for r in rows:
+            rid = str(r.get("request", ""))
+            if r.get("status") == "skipped" and self.tries.get(rid, 0) < self.max_tries:
+                self.asked.discard(rid)
 
     @property
     def enabled(self) -> bool:
@@ -144,6 +156,7 @@ class ProbeRequester:
                 if rid in self.asked:
                     continue
                 self.asked.add(rid)
+                self.tries[rid] = self.tries.get(rid, 0) + 1
                 out.append(ProbeRequest(
                     rid, self.meta.job, probe, rank, self.node(rank), peer,
                     None if peer is None else self.node(peer), self.deadline_s, role, now_ns))

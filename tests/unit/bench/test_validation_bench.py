@@ -21,9 +21,5 @@ def test_bench_validation_names_slow_links_and_no_healthy_one() -> None:
     assert fig["probes"] == 4 * 4  # one per candidate hop of each unpinned anomaly
     assert 0 < fig["training_lost_s_reported"] <= fig["probe_s_reported"]
     assert fig["iteration_ms_probes_off"] > 0 and fig["iteration_time_ratio"] > 0
-    job = fig["example_job"]
-    if "skipped" not in job:  # a checkout with torch, as root: the floors in the example job
-        assert "error" not in job, job
-        assert job["link_named_without_probe"] == 0 and job["link_unpinned_without_probe"] == 1
-        assert job["link_named_with_probe"] == job["slow_link_cases"] == 1
-        assert job["healthy_anomalies"] == 0 and job["healthy_links_named_by_probe"] == 0
+    # the example job's floors: tests/integration/native/test_example_engine_probes.py
+    assert "scale" in fig["example_job"]["skipped"]
