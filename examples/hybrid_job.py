@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from examples.netns_mesh import limit, release, setns
+
 TP, PP, DP = 2, 2, 2
 WORLD = TP * PP * DP
 
@@ -66,7 +68,7 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     netns = cfg.get("netns")
     if netns:  # enter this rank's "node" (network namespace) before any thread exists
         ns, ifname = netns["ranks"][rank]
-        _setns(ns)
+        setns(ns)
         # gloo's interface has no argument: torch reads it from this process's environment
         # (written, not read: failslow.settings is the only reader)
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
@@ -216,18 +218,6 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     dist.destroy_process_group()
 
 
-def _setns(name: str) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            raise OSError(ctypes.get_errno(), f"setns({name})")
-    finally:
-        os.close(fd)
-
-
 def _sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
@@ -300,35 +290,14 @@ class SlowLink:
     def trigger(self, side: int) -> None:
         """Limit the slow pair's end in namespace ``side`` to ``rate_mbit`` and check that
         the kernel took it (``tc qdisc show`` prints the new rate)."""
-        dev, sh = self.ifs[(side, 2)], self.shapers[side]
-        assert sh.stdin is not None and sh.stdout is not None
-        sh.stdin.write(f"qdisc change dev {dev} root tbf rate {self.rate_mbit:g}mbit "
-                       f"burst 16kb latency 2s\nqdisc show dev {dev}\n")
-        sh.stdin.flush()
-        line = sh.stdout.readline()
-        if "tbf" not in line or "rate 10Gbit" in line:
-            raise RuntimeError(f"tc did not limit {dev}: {line.strip()!r}")
+        limit(self.shapers[side], self.ifs[(side, 2)], self.rate_mbit)
 
     def slow_down(self) -> None:
         for side in (0, 1):
             self.trigger(side)
 
     def __exit__(self, *exc: object) -> None:
-        for sh in self.shapers:
-            with contextlib.suppress(OSError):
-                if sh.stdin:
-                    sh.stdin.close()
-            try:
-                sh.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                sh.kill()
-                sh.wait()
-            if sh.stdout:
-                sh.stdout.close()
-        self.shapers.clear()
-        for ns in self.created:
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
-        self.created.clear()
+        release(self.shapers, self.created)
 
 
 def _publish_plan(plan: Any, m: list[int], progress: Any) -> None:

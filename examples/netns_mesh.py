@@ -14,25 +14,15 @@ as :class:`examples.hybrid_job.SlowLink` does). Needs root (``ip netns``); this 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import subprocess
 from typing import Any
 
-__all__ = ["Mesh", "setns"]
+from failslow.collectors.probes.gloo import setns
+
+__all__ = ["Mesh", "limit", "release", "setns"]
 
 FAST = "rate 10gbit burst 1mb latency 2s"
-
-
-def setns(name: str) -> None:
-    """Move this process into the network namespace ``/run/netns/NAME``."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            raise OSError(ctypes.get_errno(), f"setns({name})")
-    finally:
-        os.close(fd)
 
 
 def _sh(*cmd: str) -> None:
@@ -125,32 +115,42 @@ class Mesh:
         if pair is None:
             return
         i, j = pair if side == 0 else pair[::-1]
-        dev, sh = self._if[(i, j)], self.shapers[side]
-        assert sh.stdin is not None and sh.stdout is not None
-        sh.stdin.write(f"qdisc change dev {dev} root tbf rate {self.rate_mbit:g}mbit "
-                       f"burst 16kb latency 2s\nqdisc show dev {dev}\n")
-        sh.stdin.flush()
-        line = sh.stdout.readline()
-        if "tbf" not in line or "rate 10Gbit" in line:
-            raise RuntimeError(f"tc did not limit {dev}: {line.strip()!r}")
+        limit(self.shapers[side], self._if[(i, j)], self.rate_mbit)
 
     def slow_down(self) -> None:
         for side in (0, 1):
             self.trigger(side)
 
     def __exit__(self, *exc: object) -> None:
-        for sh in self.shapers:
-            with contextlib.suppress(OSError):
-                if sh.stdin:
-                    sh.stdin.close()
-            try:
-                sh.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                sh.kill()
-                sh.wait()
-            if sh.stdout:
-                sh.stdout.close()
-        self.shapers.clear()
-        for ns in self.created:
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
-        self.created.clear()
+        release(self.shapers, self.created)
+
+
+def limit(shaper: subprocess.Popen[str], dev: str, rate_mbit: float) -> None:
+    """Switch ``dev``'s ``tbf`` qdisc to ``rate_mbit`` through its waiting ``tc -batch``
+    process and check that the kernel took it; RuntimeError if not."""
+    assert shaper.stdin is not None and shaper.stdout is not None
+    shaper.stdin.write(f"qdisc change dev {dev} root tbf rate {rate_mbit:g}mbit "
+                       f"burst 16kb latency 2s\nqdisc show dev {dev}\n")
+    shaper.stdin.flush()
+    line = shaper.stdout.readline()
+    if "tbf" not in line or "rate 10Gbit" in line:
+        raise RuntimeError(f"tc did not limit {dev}: {line.strip()!r}")
+
+
+def release(shapers: list[subprocess.Popen[str]], namespaces: list[str]) -> None:
+    """Stop the ``tc`` processes and delete the namespaces (their veth pairs go with them)."""
+    for sh in shapers:
+        with contextlib.suppress(OSError):
+            if sh.stdin:
+                sh.stdin.close()
+        try:
+            sh.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            sh.kill()
+            sh.wait()
+        if sh.stdout:
+            sh.stdout.close()
+    shapers.clear()
+    for ns in namespaces:
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+    namespaces.clear()

@@ -26,7 +26,7 @@ from typing import Any
 from failslow.collectors.probes.base import Deadline, ProbeFailed, ProbeTimeout
 from failslow.engine.probes import ProbeRequest
 
-__all__ = ["GlooP2P", "Place"]
+__all__ = ["GlooP2P", "Place", "setns"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,9 @@ class Place:
     address: str
 
 
-def _setns(name: str) -> None:
+def setns(name: str) -> None:
+    """Move this process into the network namespace ``/run/netns/NAME`` (a node emulated on
+    this host)."""
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -60,7 +62,7 @@ def _helper(index: int, world: int, place: Place, master: str, port: int, timeou
     (``(request, ranks, tag)``; None: stop), answering ``("ok", ns)`` or ``("error", why)``."""
     try:
         if place.netns:
-            _setns(place.netns)
+            setns(place.netns)
         if place.ifname:  # gloo reads its interface from the environment (written here)
             os.environ["GLOO_SOCKET_IFNAME"] = place.ifname
         import torch
