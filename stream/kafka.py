@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from failslow.engine.probes import PROBE_REQUESTS_TOPIC
+from failslow.stream import kafka_compat
 from failslow.stream.sink import ADVICE_TOPIC
 from failslow.stream.transport import (
     ANOMALIES_TOPIC,
@@ -161,6 +162,7 @@ class KafkaTransport(Transport):
         self._changes: queue.SimpleQueue[tuple[str, set[int], threading.Event | None]] = \
             queue.SimpleQueue()
         self._closing = False
+        kafka_compat.install()  # a refused login must reach the client
         #: How long a revocation waits for the polling thread to let go of the partitions.
         self.revoke_timeout = 120.0
         self._create_topics = create_topics

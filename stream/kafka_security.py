@@ -215,6 +215,9 @@ def check_connection(bootstrap: str, security: Mapping[str, Any] | None = None,
                                 + ", ".join(errors))
     from kafka import KafkaAdminClient
 
+    from failslow.stream import kafka_compat
+
+    kafka_compat.install()  # else a loaded client can miss the broker's refusal
     left = max(1000, int((deadline - time.monotonic()) * 1000))
     names: list[str] | None = None
     with _captured() as seen:
