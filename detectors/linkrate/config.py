@@ -44,9 +44,12 @@ class LinkRateConfig:
     queue_min_wrs: int = 4
     #: the job cost below which a degraded link is ``info`` (absorbed) rather than
     #: ``warning``; at or above it the report waits ``defer_windows`` windows for the
-    #: slow-down detector to name the link itself (no duplicate)
+    #: slow-down detector to name the link itself (no duplicate). That detector names a
+    #: slow-down it can localize in 2-3 iterations, before this one's persistence
+    #: (``open_count`` of ``persist_windows``) is met; waiting longer only makes the
+    #: slow-downs it cannot localize late (issue 14: at most 5 iterations)
     info_cost: float = 0.02
-    defer_windows: int = 10
+    defer_windows: int = 1
     #: job iterations before the onset that form the cost's reference
     cost_reference_iterations: int = 10
     #: pending rows older than this (trace time) are dropped

@@ -65,6 +65,11 @@ class BinnedStats:
         self.group_ids = _KeyIndex([(-1, 0)])  # point-to-point pair -> small id
 
     @property
+    def _pure_dp(self) -> bool:
+        """No tensor, pipeline or context parallelism (as :func:`compute_excess` tells)."""
+        return max(self.meta.tp, self.meta.pp, self.meta.cp) <= 1
+
+    @property
     def tables(self) -> tuple[BinTable, ...]:
         return tuple(getattr(self, name) for name in TABLE_NAMES)
 
@@ -110,7 +115,12 @@ class BinnedStats:
         r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind, tp)
         if len(r):
             d = gap.astype(np.float64)
-            self.comp.add({"bin": te >> self.shift, "rank": r, "d": d})
+            # a pure data-parallel job computes in one gap per iteration that ends on the
+            # iteration boundary (the gradient sync's entry), on either side of it by jitter
+            # alone: there a gap counts at its middle. Elsewhere gaps are many and short,
+            # and count at their end (where the wait graph sees the late arrival)
+            at = te - gap // 2 if self._pure_dp else te
+            self.comp.add({"bin": at >> self.shift, "rank": r, "d": d})
             known = passes > 0
             if known.any():
                 self.passes.add({"bin": te[known] >> (self.shift + PASS_BIN_SHIFT),

@@ -275,7 +275,10 @@ class AnomalyLifecycle:
         its round next to the boundary between two windows of whole time bins, so some
         windows hold two of its rounds and others none; a window without its round is no
         evidence that it stopped being slow."""
-        keys = {(int(cg[0]), int(cg[1])) for sig, h in zip(op.per_iter, hit, strict=True)
+        # (communicator, pair, operation class): a group's other operations (a small
+        # all-reduce beside the gradient sync) say nothing about its slow one
+        keys = {(int(cg[0]), int(cg[1]), int(cg[2]) if len(cg) > 2 else -1)
+                for sig, h in zip(op.per_iter, hit, strict=True)
                 if h and sig is not None and len(sig) > 3 for cg in sig[3]}
         if not keys:
             return list(hit)
@@ -288,7 +291,8 @@ class AnomalyLifecycle:
             _, t0, d = self.timeline.iters[a + i]
             win = self._window(op, op.onset_pos + i, t0 + d)
             w = self.stats.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
-            held = any(bool(np.any((w["cidx"] == cx) & (w["group"] == g))) for cx, g in keys)
+            held = any(bool(np.any((w["cidx"] == cx) & (w["group"] == g)
+                                   & ((w["cls"] == k) | (k < 0)))) for cx, g, k in keys)
             out.append(False if held else None)
         return out
 

@@ -111,7 +111,8 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
         cidx, group = int(w["cidx"][j]), int(w["group"][j])
         ranks = ([group >> 32, group & 0xFFFFFFFF] if group >= 0
                  else stats.registry.ranks(cidx))
-        out.append({"cidx": cidx, "group": group, "kind": str(kinds[j]),
+        out.append({"cidx": cidx, "group": group, "cls": int(w["cls"][j]),
+                    "kind": str(kinds[j]),
                     "ranks": [int(x) for x in ranks], "ratio": float(own[j]),
                     "cross": float(cross[j]), "impact": float(impact[j]),
                     "own": bool(mine[j])})

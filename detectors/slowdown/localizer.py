@@ -139,7 +139,7 @@ class Localizer:
         if candidates and not ident:
             ident = sorted("-".join(sorted(map(str, p))) for p in candidates)
         out["signature"] = [cause != "compute", ident, sig_ranks]
-        out["groups"] = [[int(g["cidx"]), int(g["group"])] for g in slow]
+        out["groups"] = [[int(g["cidx"]), int(g["group"]), int(g["cls"])] for g in slow]
         # compute roots none of which is on the slow link are a fault of their own next
         # to it (CCL-D S1 and S2 at once): two anomalies
         out["independent"] = cause == "mixed" and not on_link

@@ -199,3 +199,24 @@ def test_slow_pipeline_pair_inside_one_node_is_its_link() -> None:
     meta, tables, _ = _tables(spec)
     found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
     assert [(a["link"], a["stage"]) for a in found] == [([1, 2], "pp_p2p")]
+
+
+def test_a_link_the_slow_down_detector_cannot_name_is_reported_within_5_iterations() -> None:
+    """``link-pp-5`` of the held-out suite (seed 3): a pipeline link 4.2x slower costs the
+    job 2%, too little for the slow-down detector's change tracker to open a level, so only
+    this detector reports it. Held back 10 windows for the slow-down detector, it came 7.7
+    iterations after the onset; the issue's worst case is 5."""
+    from failslow.bench.heldout_suite import elapsed_iterations
+
+    spec = S(tp=2, pp=2, dp=8, microbatches=2, iterations=30, order=("pp", "tp", "dp"),
+             gpus_per_node=8, forward_ms=2.1665, backward_ratio=1.9189, last_stage=1.114,
+             pp_bytes=32 << 20, dp_bytes=256 << 20, small_allreduce=True, jitter="bimodal",
+             jitter_scale=0.0454, comm_jitter="lognormal", seqlen_sigma=0.0546,
+             burst_prob=0.02, gc_prob=0.0, skew_ms=1.927, drift_ppm=80.89,
+             missing_t_start=1.0, fmt="parquet", seed=206946903, job="heldout-link-pp-5",
+             faults=[F("communication", 14, peer=15, start=10, end=21, factor=4.1889)])
+    meta, tables, truth = _tables(spec)
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    (a,) = diag["anomalies"]
+    assert (a["cause"], sorted(a["link"] or [])) == ("communication", [14, 15])
+    assert elapsed_iterations(int(a["detected_ns"]), truth["anomalies"][0]) <= 5
