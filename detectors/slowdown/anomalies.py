@@ -257,6 +257,8 @@ class AnomalyLifecycle:
         if not starts:
             if k == 1 and max_start is None:
                 return self._persistent_within(op)
+            if max_start is None:
+                return self._persistent_halves(op)
             return None
         first = min(starts)
         return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
@@ -327,6 +329,33 @@ class AnomalyLifecycle:
             return None
         if sig[0] and all(h[0] and h[1] == sig[1] for h in halves):
             return 0, True, list(sig[1]), []
+        return None
+
+    def _persistent_halves(self, op: SlowLevel) -> tuple[int, bool, list[str], list[int]] | None:
+        """A weak slow-down whose one-iteration windows are too short to name its root
+        every time (CCL-D §4.2 takes the whole anomaly window): once ``halves_iterations``
+        slow iterations passed without a persistent root, the two halves of the stretch
+        since the onset are localized on their own and must each name the same single
+        compute root, or the same slow link. A pause or a burst of noise fills one place
+        of the stretch, or names several ranks."""
+        c = self.config
+        k = len(op.per_iter)
+        if k < c.halves_iterations or k % 2:
+            return None
+        a = self.timeline.pos(op.onset_pos)
+        sigs = []
+        for lo, hi in ((0, k // 2), (k // 2, k)):
+            _, t0, d = self.timeline.iters[a + hi - 1]
+            one = self.localizer.localize(self._window(op, op.onset_pos + lo, t0 + d), op,
+                                          light=True, skip=self._below(op))
+            if not one["confident"]:
+                return None
+            sigs.append(one["signature"])
+        (comm1, ident1, roots1), (comm2, ident2, roots2) = sigs
+        if len(roots1) == 1 and roots1 == roots2:
+            return 0, False, [], list(roots1)
+        if comm1 and comm2 and ident1 and ident1 == ident2 and not roots1 and not roots2:
+            return 0, True, list(ident1), []
         return None
 
     def _refine(self, op: SlowLevel) -> list[Anomaly]:

@@ -67,6 +67,9 @@ class SlowdownConfig:
     localize_retries: int = 12  # iterations to wait for a persistent root before dropping
     min_window_iterations: float = 1.0  # the anomaly window before a localization counts
     consistency: float = 0.6  # share of the slow iterations whose own root must agree
+    halves_iterations: int = 4  # without a persistent root after this many slow iterations
+    #                            (and every two more), the stretch's halves are judged
+    #                            (_persistent_halves)
     severe_iterations: float = 2.0  # a first slow iteration this many reference iterations
     #                                 long is judged by its two halves (_persistent_within)
     persist_alpha: float = 0.2  # a persistent root's stretch arises by chance (any rank of
