@@ -13,7 +13,8 @@ Accounting, per batch of records (vectorized; a batch costs no per-row Python):
    Waits, transfer times (``end - t_start``, else the shortest duration) and CCL-D's
    ``T_max``/``T_min`` are summed into time bins (:class:`BinTable`).
 3. :class:`GapTracker`: each rank's compute, the gaps between its operations, placed in the
-   1F1B schedule (forward / backward) when spans are absent; :class:`LinkTracker`: RDMA
+   1F1B schedule (forward / backward) when spans are absent (in a pure data-parallel job a
+   gap counts at its middle: its one long gap per iteration ends on the boundary); :class:`LinkTracker`: RDMA
    queue-pair occupancy from ``link`` rows; GPU clocks and throttle reasons from ``gpu``
    rows; :class:`CCLDMonitor`: CCL-D's ``T_base``, detection windows, threshold and
    repetition count per round class.
@@ -29,9 +30,12 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    link) must be found again over the slow iterations (:mod:`.anomalies`),
    more often than chance allows: noise names many ranks per iteration, so a rank shared
    by two such sets is no evidence (:func:`_persistence_chance`). An iteration whose window
-   holds no round of the slow groups says nothing about them (a once-per-iteration sync
-   that ends at the iteration boundary falls into every other window of whole time bins).
-   A first slow iteration several healthy iterations long is judged by its two halves. A
+   holds no round of the slow groups' slow operation class says nothing about them (a
+   once-per-iteration sync that ends at the iteration boundary falls into every other
+   window of whole time bins). A first slow iteration several healthy iterations long is
+   judged by its two halves; so is, every two slow iterations from the fourth on, the
+   stretch since the onset when no root persisted iteration by iteration (a weak
+   straggler): each half must name the same single root or the same link. A
    fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
    ranks, and such levels are dropped -- and once relieved, not proposed again. A further
    level with the same root is the same anomaly grown worse; with another root it is a
