@@ -14,10 +14,10 @@ Accounting, per batch of records (vectorized; a batch costs no per-row Python):
    ``T_max``/``T_min`` are summed into time bins (:class:`BinTable`).
 3. :class:`GapTracker`: each rank's compute, the gaps between its operations, placed in the
    1F1B schedule (forward / backward) when spans are absent (in a pure data-parallel job a
-   gap counts at its middle: its one long gap per iteration ends on the boundary); :class:`LinkTracker`: RDMA
-   queue-pair occupancy from ``link`` rows; GPU clocks and throttle reasons from ``gpu``
-   rows; :class:`CCLDMonitor`: CCL-D's ``T_base``, detection windows, threshold and
-   repetition count per round class.
+   gap counts at its middle: its one long gap per iteration ends on the boundary);
+   :class:`LinkTracker`: RDMA queue-pair occupancy from ``link`` rows; GPU clocks and
+   throttle reasons from ``gpu`` rows; :class:`CCLDMonitor`: CCL-D's ``T_base``,
+   detection windows, threshold and repetition count per round class.
 
 Decisions, at the end of every job iteration (:class:`~failslow.detectors.iterations.
 IterationTracker`), on the data before that end only -- so they do not depend on how the
