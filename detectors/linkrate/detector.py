@@ -420,7 +420,10 @@ class LinkRateDetector:
     def _covered(self, unit: dict[str, Any], others: list[Anomaly]) -> str | None:
         """The id of another detector's slow communication anomaly naming this unit's link
         (the same node pair), or, for a ring reported without a link, its communicator or
-        one of its node pairs, and overlapping it in time; else None."""
+        one of its node pairs, and overlapping it in time; else None. An anomaly that
+        names no link but this unit's communicator covers it too: the slow-down detector
+        already reports that ring's slowness with its candidate hops (a mixed slow-down's
+        late rank also makes another hop of its ring look slow)."""
         node = self.meta.node_of
         start = unit.get("start_ns") or 0
         for o in others:
@@ -431,6 +434,8 @@ class LinkRateDetector:
                 continue
             pair = sorted((node(o.link[0]), node(o.link[1]))) if o.link else None
             if unit.get("nodes") and pair == unit["nodes"]:
+                return o.id
+            if unit.get("nodes") and o.link is None and o.comm == unit.get("comm"):
                 return o.id
             if not unit.get("nodes") and (o.comm == unit.get("comm") or (
                     pair is not None and pair in unit.get("node_pairs", unit.get(

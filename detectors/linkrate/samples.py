@@ -16,6 +16,7 @@ time, so coll timing alone degrades every hop of that ring (:mod:`.detector` loc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -147,12 +148,16 @@ def _row_hash(rows: np.ndarray) -> np.ndarray:
 class LinkRegistry:
     """Links by id: communicator index, the two ends (p2p: lower comm rank first; ring:
     the hop's sender first), op class and bytes (a link id per traffic class, so rates
-    compare like with like) and the peer class (kind, op, bytes, communicator size)."""
+    compare like with like) and the peer class (kind, op, bytes, communicator size, and
+    whether the link joins two nodes: a hop between nodes is compared with the others that
+    are, not with NVLink hops several times faster, which would make it look degraded from
+    its first window and keep it from ever learning its own baseline)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: Mapping[int, str] | None = None) -> None:
+        self.nodes = dict(nodes or {})
         self.index: dict[tuple[int, int, int, int, int], int] = {}
         self.rows: list[tuple[int, int, int, int, int]] = []  # cidx, a, b, op, bytes
-        self.cls_index: dict[tuple[str, int, int, int], int] = {}
+        self.cls_index: dict[tuple[str, int, int, int, int], int] = {}
         self.cls = np.zeros(0, dtype=np.int64)
         self._rows = np.zeros((0, 5), dtype=np.int64)
         self._hash_sorted = np.zeros(0, dtype=np.int64)
@@ -174,7 +179,8 @@ class LinkRegistry:
                 if k not in self.index:
                     self.index[k] = len(self.rows)
                     self.rows.append(k)
-                    ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]))
+                    ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]),
+                          self._crosses(k[1], k[2]))
                     fresh.append(self.cls_index.setdefault(ck, len(self.cls_index)))
             if fresh:
                 self.cls = np.concatenate([self.cls, np.array(fresh, dtype=np.int64)])
@@ -184,6 +190,11 @@ class LinkRegistry:
             return np.array([self.index[(r[0], r[1], r[2], r[3], r[4])]
                              for r in keys.tolist()], dtype=np.int64)
         return out
+
+    def _crosses(self, a: int, b: int) -> int:
+        """1 when both ends' nodes are known and differ."""
+        na, nb = self.nodes.get(a), self.nodes.get(b)
+        return int(na is not None and nb is not None and na != nb)
 
     def _reindex(self) -> None:
         self._rows = np.array(self.rows, dtype=np.int64).reshape(-1, 5)
@@ -204,8 +215,10 @@ class LinkRegistry:
     def restore(self, state: dict[str, Any]) -> None:
         self.rows = [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in state["rows"]]
         self.index = {r: i for i, r in enumerate(self.rows)}
-        self.cls_index = {(str(k), int(o), int(b), int(s)): int(v)
-                          for k, o, b, s, v in state["cls"]}
+        # snapshots before the node crossing was part of the class: 0 (as then)
+        self.cls_index = {(str(c[0]), int(c[1]), int(c[2]), int(c[3]),
+                           int(c[4]) if len(c) > 5 else 0): int(c[-1])
+                          for c in state["cls"]}
         self.cls = np.array(state["link_cls"], dtype=np.int64)
         self._reindex()
 
@@ -218,7 +231,7 @@ class SampleExtractor:
     def __init__(self, meta: JobMeta, min_bytes: int, max_pending_ns: int) -> None:
         self.meta = meta
         self.comms = CommTable(meta)
-        self.links = LinkRegistry()
+        self.links = LinkRegistry(meta.nodes)
         self.min_bytes = min_bytes
         self.max_pending_ns = max_pending_ns
         self.pend_key = np.zeros(0, dtype=np.int64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from failslow.bench import heldout as hg
@@ -220,3 +221,50 @@ def test_a_link_the_slow_down_detector_cannot_name_is_reported_within_5_iteratio
     (a,) = diag["anomalies"]
     assert (a["cause"], sorted(a["link"] or [])) == ("communication", [14, 15])
     assert elapsed_iterations(int(a["detected_ns"]), truth["anomalies"][0]) <= 5
+
+
+def test_a_mixed_slow_down_without_a_link_covers_its_ring() -> None:
+    """``mixed-0`` of the held-out suite (seed 1, scale 0.3): rank 0 computes 1.9x slower
+    and its DP hop 24 -> 0 is 2.8x slower. The slow-down detector reports one mixed
+    anomaly on rank 0 with the ring's hops as candidates. Rank 0's late entries also make
+    hop 16 -> 24 look slow here; that ring is the mixed anomaly's, so no second anomaly
+    names a wrong hop of it."""
+    spec = S(tp=8, pp=1, dp=4, microbatches=2, iterations=29, order=("tp", "dp", "pp"),
+             gpus_per_node=8, forward_ms=3.6956, backward_ratio=1.876, last_stage=1.1404,
+             dp_bytes=256 << 20, jitter="pareto", jitter_scale=0.0401, comm_jitter="pareto",
+             seqlen_sigma=0.051, burst_prob=0.0, gc_prob=0.0, skew_ms=4.763,
+             drift_ppm=45.92, comms_in_meta=True, fmt="parquet", seed=1161581042,
+             job="heldout-mixed-0",
+             faults=[F("compute", 0, start=8, end=20, factor=1.8614),
+                     F("communication", 24, peer=0, start=8, end=20, factor=2.7524)])
+    meta, tables, _ = _tables(spec)
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    assert [(a["cause"], a["ranks"]) for a in diag["anomalies"]] == [("mixed", [0])]
+
+
+def test_the_peers_of_a_link_between_nodes_are_links_between_nodes() -> None:
+    """A pipeline hop between two nodes is several times slower than the NVLink hops of
+    the same pipeline: compared with them it looked degraded from its first window, never
+    learned its own baseline and was never judged. Its peer class is the hops that join
+    two nodes; without node names every hop shares one class, as before."""
+    from failslow.detectors.linkrate.samples import CommTable, LinkRegistry
+
+    meta = parse_meta_row({"job": "j", "t": 0, "world_size": 4, "tp": 1, "pp": 4, "dp": 1,
+                           "cp": 1, "microbatches": 4, "schedule": "1f1b",
+                           "nodes": {"0": "a", "1": "a", "2": "b", "3": "b"},
+                           "comms": [{"comm": 7, "kind": "pp", "ranks": [0, 1, 2, 3]}]})
+    comms = CommTable(meta)  # the declared communicator is index 0
+    keys = np.array([[0, 0, 1, -1, 1 << 26], [0, 1, 2, -1, 1 << 26], [0, 2, 3, -1, 1 << 26]])
+    links = LinkRegistry(meta.nodes)
+    ids = links.ids(keys, comms)
+    cls = links.cls[ids]
+    assert cls[0] == cls[2] != cls[1]
+    blind = LinkRegistry()
+    blind_ids = blind.ids(keys, comms)
+    assert len(set(blind.cls[blind_ids].tolist())) == 1
+    # a snapshot from before the node crossing was part of the class restores as 0
+    old = blind.snapshot()
+    old["cls"] = [[*k[:4], v] for k, v in blind.cls_index.items()]
+    again = LinkRegistry(meta.nodes)
+    again.restore(old)
+    assert [k[4] for k in again.cls_index] == [0]
