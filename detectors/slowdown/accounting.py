@@ -65,8 +65,8 @@ class BinnedStats:
         self.group_ids = _KeyIndex([(-1, 0)])  # point-to-point pair -> small id
 
     @property
-    def _pure_dp(self) -> bool:
-        """No tensor, pipeline or context parallelism (as :func:`compute_excess` tells)."""
+    def pure_dp(self) -> bool:
+        """No tensor, pipeline or context parallelism: a pure data-parallel job."""
         return max(self.meta.tp, self.meta.pp, self.meta.cp) <= 1
 
     @property
@@ -119,7 +119,7 @@ class BinnedStats:
             # iteration boundary (the gradient sync's entry), on either side of it by jitter
             # alone: there a gap counts at its middle. Elsewhere gaps are many and short,
             # and count at their end (where the wait graph sees the late arrival)
-            at = te - gap // 2 if self._pure_dp else te
+            at = te - gap // 2 if self.pure_dp else te
             self.comp.add({"bin": at >> self.shift, "rank": r, "d": d})
             known = passes > 0
             if known.any():

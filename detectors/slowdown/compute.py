@@ -52,8 +52,7 @@ def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndar
         return None
     b = stats.comp.query(win.b_lo, win.b_hi, ("bin", "rank"))
     bin_ns = float(1 << stats.shift)
-    m = stats.meta
-    if max(m.tp, m.pp, m.cp) <= 1 and win.iterations < WHOLE_GAP_ITERATIONS:
+    if stats.pure_dp and win.iterations < WHOLE_GAP_ITERATIONS:
         rw, tw = _summed(w["rank"], w["d"])
         rb, tb = _summed(b["rank"], b["d"])
         trim = 0.0
