@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.netns_mesh import limit, release, setns
+from examples.netns_mesh import add_namespaces, limit, release, setns, sh
 
 TP, PP, DP = 2, 2, 2
 WORLD = TP * PP * DP
@@ -218,10 +218,6 @@ def _worker(rank: int, cfg: dict[str, Any], progress: Any, plan: Any) -> None:
     dist.destroy_process_group()
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
-
-
 class SlowLink:
     """Two "nodes" as network namespaces (ranks of DP replica 0 / 1), joined by two veth pairs.
 
@@ -252,20 +248,17 @@ class SlowLink:
 
     def __enter__(self) -> SlowLink:
         try:
-            for ns in self.ns:
-                _sh("ip", "netns", "add", ns)
-                self.created.append(ns)
-                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            add_namespaces(self.ns, self.created)
             for pair in (1, 2):
                 a_if, b_if = self.ifs[(0, pair)], self.ifs[(1, pair)]
-                _sh("ip", "link", "add", a_if, "netns", self.ns[0], "type", "veth", "peer",
+                sh("ip", "link", "add", a_if, "netns", self.ns[0], "type", "veth", "peer",
                     "name", b_if, "netns", self.ns[1])
                 for side, ifn in ((0, a_if), (1, b_if)):
-                    _sh("ip", "-n", self.ns[side], "addr", "add",
+                    sh("ip", "-n", self.ns[side], "addr", "add",
                         f"10.77.{pair}.{side + 1}/24", "dev", ifn)
-                    _sh("ip", "-n", self.ns[side], "link", "set", ifn, "up")
+                    sh("ip", "-n", self.ns[side], "link", "set", ifn, "up")
             for side in (0, 1):
-                _sh("tc", "-n", self.ns[side], "qdisc", "add", "dev", self.ifs[(side, 2)],
+                sh("tc", "-n", self.ns[side], "qdisc", "add", "dev", self.ifs[(side, 2)],
                     "root", "tbf", *self.FAST.split())
                 self.shapers.append(subprocess.Popen(
                     ["tc", "-n", self.ns[side], "-force", "-batch", "-"], stdin=subprocess.PIPE,

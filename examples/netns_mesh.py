@@ -20,13 +20,23 @@ from typing import Any
 
 from failslow.collectors.probes.gloo import setns
 
-__all__ = ["Mesh", "limit", "release", "setns"]
+__all__ = ["Mesh", "add_namespaces", "limit", "release", "setns", "sh"]
 
 FAST = "rate 10gbit burst 1mb latency 2s"
 
 
-def _sh(*cmd: str) -> None:
+def sh(*cmd: str) -> None:
+    """Run one ``ip``/``tc`` command; CalledProcessError if it fails."""
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def add_namespaces(names: list[str], created: list[str]) -> None:
+    """Create the network namespaces ``names`` (each an emulated node, loopback up),
+    appending each to ``created`` as soon as it exists (for :func:`release`)."""
+    for ns in names:
+        sh("ip", "netns", "add", ns)
+        created.append(ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
 
 
 class Mesh:
@@ -68,27 +78,24 @@ class Mesh:
 
     def __enter__(self) -> Mesh:
         try:
-            for ns in self.ns:
-                _sh("ip", "netns", "add", ns)
-                self.created.append(ns)
-                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            add_namespaces(self.ns, self.created)
             for i in range(self.nodes):
                 for j in range(i + 1, self.nodes):
-                    _sh("ip", "link", "add", self._if[(i, j)], "netns", self.ns[i], "type",
+                    sh("ip", "link", "add", self._if[(i, j)], "netns", self.ns[i], "type",
                         "veth", "peer", "name", self._if[(j, i)], "netns", self.ns[j])
             for (i, _j), ifn in self._if.items():
-                _sh("ip", "-n", self.ns[i], "link", "set", ifn, "up")
+                sh("ip", "-n", self.ns[i], "link", "set", ifn, "up")
             for i in range(self.nodes):
-                _sh("ip", "-n", self.ns[i], "addr", "add", f"{self.address(i)}/32", "dev",
+                sh("ip", "-n", self.ns[i], "addr", "add", f"{self.address(i)}/32", "dev",
                     self.primary(i))
                 for j in range(self.nodes):
                     if j != i:
-                        _sh("ip", "-n", self.ns[i], "route", "add", f"{self.address(j)}/32",
+                        sh("ip", "-n", self.ns[i], "route", "add", f"{self.address(j)}/32",
                             "dev", self._if[(i, j)], "src", self.address(i))
             pair = self.slow_pair
             if pair is not None:
                 for i, j in (pair, pair[::-1]):
-                    _sh("tc", "-n", self.ns[i], "qdisc", "add", "dev", self._if[(i, j)],
+                    sh("tc", "-n", self.ns[i], "qdisc", "add", "dev", self._if[(i, j)],
                         "root", "tbf", *FAST.split())
                     self.shapers.append(subprocess.Popen(
                         ["tc", "-n", self.ns[i], "-force", "-batch", "-"],
