@@ -159,12 +159,10 @@ class KafkaTransport(Transport):
         }
         self._listener: AssignmentListener | None = None
         self._paused = False
-        self._changes: queue.SimpleQueue[tuple[str, set[int], threading.Event | None]] = \
-            queue.SimpleQueue()
+        self._changes: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
+        self._to_rewind: set[int] = set()  # assigned, not yet at their committed offsets
         self._closing = False
         kafka_compat.install()  # a refused login must reach the client
-        #: How long a revocation waits for the polling thread to let go of the partitions.
-        self.revoke_timeout = 120.0
         self._create_topics = create_topics
         self._client_id = client_id
         self._auto_offset_reset = auto_offset_reset
@@ -503,17 +501,14 @@ class KafkaTransport(Transport):
             log.debug("kafka metadata refresh not requested: %s", e)
 
     def _rebalance_listener(self) -> Any:
-        """kafka-python 3 calls rebalance listeners on its network thread, where nothing
-        may block on the consumer. So the listener only queues the change; the thread that
-        polls hands it to :meth:`set_listener`'s listener (which may write and commit), and
-        a revocation waits, without blocking the network thread, until that is done: the
-        next owner of a partition starts after this consumer stopped writing for it."""
+        """kafka-python 3 calls rebalance listeners on its network thread while the polling
+        thread waits inside ``consumer.poll``: the listener cannot wait for the polling
+        thread (they would wait for each other), and nothing may block on the consumer. So
+        it only queues the change, and :meth:`poll` hands it to :meth:`set_listener`'s
+        listener after ``consumer.poll`` returns. By then a revoked partition may belong to
+        another consumer: the listener writes nothing more for it. A partition lost (the
+        group dropped this consumer) is revoked the same way."""
         from kafka import AsyncConsumerRebalanceListener
-
-        try:
-            from kafka.net.selector import KernelEvent
-        except ImportError:  # pragma: no cover - another kafka-python layout
-            KernelEvent = None  # noqa: N806
 
         transport = self
 
@@ -521,14 +516,8 @@ class KafkaTransport(Transport):
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 numbers = {int(tp.partition) for tp in revoked}
                 log.info("kafka partitions revoked: %s", sorted(numbers))
-                if not numbers or transport._listener is None or transport._closing:
-                    return
-                done = threading.Event()
-                transport._changes.put(("revoked", numbers, done))
-                deadline = time.monotonic() + transport.revoke_timeout
-                while (KernelEvent is not None and not done.is_set()
-                       and not transport._closing and time.monotonic() < deadline):
-                    await KernelEvent("_sleep", 0.02)
+                if numbers and transport._listener is not None and not transport._closing:
+                    transport._changes.put(("revoked", numbers))
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 numbers = {int(tp.partition) for tp in assigned}
@@ -538,19 +527,25 @@ class KafkaTransport(Transport):
                 if transport._paused and transport._consumer is not None:
                     transport._consumer.pause(*assigned)  # stay paused across a rebalance
                 if numbers:
-                    transport._changes.put(("assigned", numbers, None))
+                    transport._changes.put(("assigned", numbers))
 
         return Listener()
 
     def _dispatch_changes(self) -> set[int]:
         """Hand queued assignment changes to the listener (on the polling thread); returns
-        the partition numbers revoked and not assigned again."""
-        gone: set[int] = set()
+        the partition numbers whose records of the current poll are dropped: revoked, or
+        assigned (their positions go back to the committed offsets,
+        :func:`~failslow.stream.kafka_compat.rewind_to_committed`, before the listener
+        hears of them)."""
+        dropped: set[int] = set()
         while True:
             try:
-                what, numbers, done = self._changes.get_nowait()
+                what, numbers = self._changes.get_nowait()
             except queue.Empty:
-                return gone
+                break
+            if what == "assigned":
+                self._to_rewind |= numbers
+                self._rewind()
             listener = self._listener
             try:
                 if listener is not None:
@@ -560,13 +555,26 @@ class KafkaTransport(Transport):
                         listener.on_assigned(numbers)
             except Exception:  # noqa: BLE001 - the rebalance must go on
                 log.exception("the assignment listener failed on %s %s", what, sorted(numbers))
-            finally:
-                if done is not None:
-                    done.set()
-            if what == "revoked":
-                gone |= numbers
-            else:
-                gone -= numbers
+            dropped |= numbers
+        self._rewind()
+        return dropped | self._to_rewind
+
+    def _rewind(self) -> None:
+        """Move the partitions assigned since the last call to their committed offsets
+        (kept for the next poll while the group coordinator does not answer; their records
+        are dropped meanwhile)."""
+        consumer = self._consumer
+        if not self._to_rewind or consumer is None:
+            return
+        tps = [tp for tp in consumer.assignment() if tp.partition in self._to_rewind]
+        try:
+            kafka_compat.rewind_to_committed(consumer, tps, self._auto_offset_reset,
+                                             self._connect_timeout_ms)
+        except Exception as e:  # noqa: BLE001 - coordinator away: try at the next poll
+            log.warning("kafka: cannot read the committed offsets of partitions %s yet (%s); "
+                        "their records wait", sorted(self._to_rewind), e)
+            return
+        self._to_rewind.clear()
 
     def set_listener(self, listener: AssignmentListener | None) -> None:
         self._listener = listener
@@ -589,10 +597,12 @@ class KafkaTransport(Transport):
         self._dispatch_changes()
         left_ms = max(0, int((timeout - (time.monotonic() - started)) * 1000))
         records = consumer.poll(timeout_ms=left_ms, max_records=max_messages)
-        gone = self._dispatch_changes()
+        # revoked meanwhile: the next owner reads them; assigned meanwhile: read again
+        # from the committed offset
+        dropped = self._dispatch_changes()
         out: list[Message] = []
         for tp, batch in records.items():
-            if tp.partition in gone:  # revoked meanwhile: the next owner reads them
+            if tp.partition in dropped:
                 continue
             topic = self._logical(tp.topic)
             for r in batch:

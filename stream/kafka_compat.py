@@ -1,5 +1,7 @@
-"""A fix for kafka-python 3.0 that the secured clients need: the bytes read together with
-the broker's close reach the protocol before the connection is dropped.
+"""Two places where kafka-python 3.0 differs from the Java client, and what we do about them.
+
+**Data read with a close.** The secured clients need the bytes read together with the
+broker's close to reach the protocol before the connection is dropped.
 
 kafka-python 3.0.12 (``kafka.net.transport``) reads a socket until it would block; when
 the last read finds the peer closed, it aborts the connection and discards what it had
@@ -10,12 +12,21 @@ doctor`` then says "did not answer" instead of "authentication failed".
 
 :func:`install` wraps ``_sock_recv`` of the TCP and TLS transports: data read before a
 close is returned on its own, and the close on the next read. It changes nothing when the
-transport has no ``_sock_recv`` (another kafka-python)."""
+transport has no ``_sock_recv`` (another kafka-python).
+
+**Positions across a rebalance.** Under the eager protocol the Java consumer forgets its
+assignment when it revokes it, so a partition assigned again starts at its committed offset.
+kafka-python 3.0 keeps the assignment, and so the position, of a partition that comes back
+(``SubscriptionState.assign_from_subscribed``). A consumer that drops the records it fetched
+for a revoked partition (it no longer owns them) then resumes after them, and they are never
+read: a processor lost rows, and ``notify --once`` saw no report, after a rebalance.
+:func:`rewind_to_committed` moves a reassigned partition back to its committed offset (the
+reset policy's end where nothing is committed), as Java does."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 _MARK = "_failslow_keeps_data_before_close"
@@ -57,3 +68,31 @@ def install() -> bool:
             cls._sock_recv = _keeping_data(recv)
         patched = True
     return patched
+
+
+def rewind_to_committed(consumer: Any, partitions: Collection[Any], reset: str,
+                        timeout_ms: int) -> None:
+    """Seek each of ``partitions`` (kafka-python ``TopicPartition``) of ``consumer`` to its
+    committed offset, or to the start of the log (``reset="earliest"``) or its end where
+    nothing is committed. One request for all; raises what kafka-python raises when the
+    group coordinator does not answer within ``timeout_ms``."""
+    if not partitions:
+        return
+    fetch = getattr(getattr(consumer, "_coordinator", None), "fetch_committed_offsets", None)
+    if fetch is not None:
+        committed = fetch(list(partitions), timeout_ms=timeout_ms)
+    else:  # another kafka-python: one request per partition
+        committed = {tp: consumer.committed(tp, metadata=True) for tp in partitions}
+    fresh = []
+    for tp in partitions:
+        meta = committed.get(tp)
+        offset = getattr(meta, "offset", meta)
+        if offset is None or int(offset) < 0:
+            fresh.append(tp)
+        else:
+            consumer.seek(tp, int(offset))
+    if fresh:
+        if reset == "earliest":
+            consumer.seek_to_beginning(*fresh)
+        else:
+            consumer.seek_to_end(*fresh)

@@ -105,6 +105,9 @@ class ProcessorCollector(Collector):
         yield _counter("checkpoints_total", "Checkpoints (sink write, then commit).",
                        stats.checkpoints)
         yield _counter("snapshots_total", "Detector-state snapshots saved.", stats.snapshots)
+        yield _gauge("cuts_since_snapshot",
+                     "Logged cuts after the last snapshots: what a restart would re-cut.",
+                     stats.cuts_since_snapshot)
         yield _counter("replayed_cuts_total", "Logged cuts re-cut after a restart.",
                        stats.replayed_cuts)
         yield _gauge("jobs", "Jobs with detector state in this processor.", stats.jobs)

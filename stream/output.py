@@ -61,7 +61,7 @@ class Writer:
         self.stats = stats
         self._on_pause = on_pause
         self._sleep = sleep
-        #: inside :meth:`retrying` (a revoked partition is then not checkpointed)
+        #: inside :meth:`retrying` (a nested call does not poll while it waits)
         self.writing = False
         #: :meth:`StreamProcessor.stop` was called: stop waiting for the sink
         self.stop_requested = False

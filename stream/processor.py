@@ -21,8 +21,8 @@ A single-threaded consume loop in the shape of a checkpointing stream processor:
    partition, with a deduplication token derived from its cut), publish the reports on
    ``failslow.anomalies`` and the advice on ``failslow.advice``, and only then commit the
    input offsets (at-least-once);
-5. every ``snapshot_interval_s`` (and when a partition is revoked, and at shutdown) save the
-   detector state of each partition's jobs with the offsets it corresponds to.
+5. every ``snapshot_interval_s`` (and at shutdown) save the detector state of each
+   partition's jobs with the offsets it corresponds to.
 
 A restarted processor (or the one a partition moves to) restores the partition's snapshot,
 seeks to its offsets and re-reads the input, cutting it exactly at the logged cuts: every
@@ -260,6 +260,7 @@ class StreamProcessor:
             return
         now = time.time_ns()
         cuts = {part.number: part.next_cut(now) for part in work}
+        self._count_cuts_since_snapshot()  # before the commit that makes them visible
         logged = [c for c in cuts.values() if c is not None]
         if self.state is not None and logged:
             state = self.state
@@ -269,11 +270,16 @@ class StreamProcessor:
         for part in work:
             cut = cuts[part.number]
             self._flush(part, cut, publish=True)
-            if cut is not None:
+            # revoked while the sink was retried: its next owner commits
+            if cut is not None and self._parts.get(part.number) is part:
                 offsets.update({(t, part.number): end for t, end in cut.ends().items()})
         self._writer.commit(offsets)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
+
+    def _count_cuts_since_snapshot(self) -> None:
+        self.stats.cuts_since_snapshot = 0 if self.state is None else sum(
+            p.seq - p.snapshot_seq for p in self._parts.values())
 
     def snapshot_all(self, partitions: Iterable[int] | None = None) -> None:
         """Save the state of every job of ``partitions`` (default all) with its offsets;
@@ -286,8 +292,8 @@ class StreamProcessor:
         started = time.perf_counter()
         snaps = []
         for number in chosen:
-            part = self._parts[number]
-            if part.cuts or (part.snapshot_seq == part.seq and not part.pending):
+            part = self._parts.get(number)
+            if part is None or part.cuts or (part.snapshot_seq == part.seq and not part.pending):
                 continue  # still re-cutting, or nothing new since the last snapshot
             jobs = {job: self._jobs.state_of(st) for job, st in self._jobs.states.items()
                     if st.partition == number}
@@ -301,11 +307,13 @@ class StreamProcessor:
             self._writer.retrying("state", lambda: state.save_snapshots(self.transport.group,
                                                                         snaps))
             for s in snaps:
-                self._parts[s.partition].snapshot_seq = s.seq
+                if s.partition in self._parts:
+                    self._parts[s.partition].snapshot_seq = s.seq
             self.stats.snapshots += len(snaps)
         self._snapshot_cost = time.perf_counter() - started
         self.stats.seconds["snapshot"] += self._snapshot_cost
         self._last_snapshot = time.monotonic()
+        self._count_cuts_since_snapshot()
 
     def jobs(self) -> list[str]:
         return list(self._jobs.states)
@@ -364,30 +372,29 @@ class StreamProcessor:
                 self._to_load.add(p)
 
     def on_revoked(self, partitions: set[int]) -> None:
-        """Partitions taken away: checkpoint and snapshot them (unless the sink is down),
-        then forget their jobs; the next owner continues from there."""
-        mine = [p for p in partitions if p in self._parts]
+        """Partitions taken away (a rebalance, or the group dropped this consumer): their
+        next owner, perhaps this processor again, may have started already, so nothing is
+        written or committed for them here (it could overwrite the next owner's work). It
+        continues from their last snapshot and logged cuts, and reads the rest again."""
         self._to_load -= set(partitions)
-        if not mine:
-            return
-        if not self._writer.writing:
-            try:
-                if self.state is not None:
-                    self.snapshot_all(mine)
-                else:
-                    self.checkpoint(mine)
-            except Exception:  # noqa: BLE001 - the next owner re-reads from the last cut
-                log.exception("could not checkpoint revoked partitions %s", mine)
+        mine = [p for p in partitions if p in self._parts]
+        if mine:
+            log.info("partitions %s revoked: dropping their state since the last checkpoint "
+                     "(their next owner reads that input again)", mine)
         for p in mine:
             self._drop_partition(p)
 
     def _drop_partition(self, number: int) -> None:
         part = self._parts.pop(number, None)
         self._idle_since.pop(number, None)
+        # polled while waiting for the sink: the partition's next owner reads them (in
+        # place: a step may be concatenating this list)
+        self._writer.held[:] = [m for m in self._writer.held if m.partition != number]
         if part is None:
             return
         self._uncommitted = max(0, self._uncommitted - part.messages)
         self._jobs.drop_partition(number)
+        self._count_cuts_since_snapshot()
         self.stats.pending_messages = sum(p.pending_count() for p in self._parts.values())
 
     # ----------------------------------------------------------------------------- recovery
@@ -478,6 +485,7 @@ class StreamProcessor:
         self._flush(part, cut, publish=cut.seq not in part.done)
         self._writer.commit({(t, part.number): end for t, end in cut.ends().items()})
         part.seq = max(part.seq, cut.seq)
+        self._count_cuts_since_snapshot()
         self.stats.replayed_cuts += 1
         part.recovering_since = time.monotonic()
         self._readmit_deferred(part)

@@ -9,8 +9,7 @@ deduplication tokens. So, per consumer group and partition number:
 
 - a *snapshot* (:class:`PartitionSnapshot`) holds the state of every job of the partition
   and the offsets (per topic, the next one to read) it corresponds to. Taking one costs
-  about a second for a 4096-rank job, so it is taken every minute or so, when a partition
-  is revoked and at shutdown;
+  about a second for a 4096-rank job, so it is taken every minute or so and at shutdown;
 - a *cut* (:class:`Cut`) is logged before each sink write: the offset range of every topic
   the write covers. After a restart the processor restores the snapshot, seeks to its
   offsets and cuts the re-read input exactly at the logged cuts, so every re-written batch

@@ -39,6 +39,8 @@ class ProcessorStats:
     snapshots: int = 0
     snapshot_bytes: int = 0
     restored_jobs: int = 0
+    #: logged cuts after the partitions' last snapshots: what a restart re-cuts
+    cuts_since_snapshot: int = 0
     replayed_cuts: int = 0  # logged cuts re-cut after a restart
     deferred_messages: int = 0
     lag: int | None = None  # messages behind the end of the assigned partitions

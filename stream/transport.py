@@ -179,7 +179,9 @@ class AssignmentListener(Protocol):
 
     def on_assigned(self, partitions: set[int]) -> None: ...
 
-    def on_revoked(self, partitions: set[int]) -> None: ...
+    def on_revoked(self, partitions: set[int]) -> None:
+        """Taken away: another consumer may own them already, so nothing more is written
+        or committed for them (their next owner reads again what was not committed)."""
 
 
 class Transport(ABC):

@@ -256,6 +256,65 @@ def test_offsets_commit_only_on_commit(broker: Broker) -> None:
         assert [m.offset for m in rest] == [5]
 
 
+class _Assignments:
+    """An assignment listener that notes what it is told."""
+
+    def __init__(self) -> None:
+        self.assigned: list[set[int]] = []
+        self.revoked: list[set[int]] = []
+
+    def on_assigned(self, partitions: set[int]) -> None:
+        self.assigned.append(set(partitions))
+
+    def on_revoked(self, partitions: set[int]) -> None:
+        self.revoked.append(set(partitions))
+
+    def on_lost(self, partitions: set[int]) -> None:
+        self.revoked.append(set(partitions))
+
+
+def test_a_partition_assigned_again_starts_at_its_committed_offset(broker: Broker) -> None:
+    """A rebalance revokes every partition (eager protocol) and assigns them again. Records
+    fetched meanwhile for a revoked partition are dropped (its next owner reads them), so a
+    partition that comes back must start at its committed offset, as the Java consumer does;
+    kafka-python 3.0 keeps its position instead, and the records polled since the commit
+    were never delivered again."""
+    pfx, group = prefix(), f"g-{uuid.uuid4().hex[:8]}"
+    heard = _Assignments()
+    # the range assignor orders members by id (client id first): this one keeps partition 0
+    with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group, partitions=1,
+                   client_id="a-keeps") as tr:
+        tr.set_listener(heard)
+        assert tr.wait_connected(20)
+        for i in range(6):
+            tr.publish(COLL, "j1", sim_coll("j1", 1, seed=i))
+        assert tr.flush(20)
+        assert [m.offset for m in consume(tr, 6)] == [0, 1, 2, 3, 4, 5]
+        tr.commit({(COLL, 0): 2})
+        assert len(heard.assigned) == 1
+        # a second member of the group makes it rebalance; this consumer keeps its partition
+        stop = threading.Event()
+
+        def member() -> None:
+            with transport(broker, topic_prefix=pfx, subscribe=[COLL], group_id=group,
+                           partitions=1, client_id="b-joins") as other:
+                while not stop.is_set():
+                    other.poll(10, timeout=0.2)
+
+        thread = threading.Thread(target=member, daemon=True)
+        thread.start()
+        try:
+            again: list[Message] = []
+            deadline = time.monotonic() + 60
+            while (len(heard.assigned) < 2 or len(again) < 4) and time.monotonic() < deadline:
+                again += tr.poll(100, timeout=0.5)
+        finally:
+            stop.set()
+            thread.join(30)
+        assert heard.revoked and heard.assigned[-1] == {0}, (heard.revoked, heard.assigned)
+        assert [m.offset for m in again] == [2, 3, 4, 5]
+
+
 def test_full_buffer_drops_and_counts_without_blocking(broker: Broker) -> None:
     table = sim_coll("j1", rounds=40, seed=1)
     size = len(encode("coll", table))

@@ -120,18 +120,26 @@ def test_restart_without_crash_resumes_from_the_snapshot() -> None:
     assert sum(_key_counts(sink.table("coll")).values()) == coll.num_rows
 
 
-def test_revoked_partition_is_checkpointed_and_its_jobs_dropped() -> None:
+def test_revoked_partition_writes_nothing_and_is_read_again_by_its_next_owner() -> None:
+    """A revoked partition may belong to another consumer already: nothing is written or
+    committed for it, and its jobs are dropped; when it comes back, its input is read again
+    from the committed offsets and stored once."""
     bus, sink, store = InProcessTransport(), DedupSink(), MemoryStateStore()
+    coll = synth.coll(iterations=4)
     bus.publish_meta(synth.meta())
-    _publish(bus, synth.coll(iterations=4), 0, 4)
+    _publish(bus, coll, 0, 4)
     proc = StreamProcessor(bus, sink, ProcessorConfig(clock="event", checkpoint_messages=10**6,
                                                       checkpoint_interval_s=1e9), state=store,
                            analyzer_factory=synth.FakeAnalyzer)
-    proc.step()  # assigned: the state is loaded, the messages fetched again
     proc.step()
-    assert proc.jobs() == [JOB] and sink.batches == []
+    proc.step()
+    assert proc.jobs() == [JOB]
     proc.on_revoked({0})
-    assert proc.jobs() == [] and len(sink.batches) == 1 and store.snapshots
+    assert proc.jobs() == [] and sink.batches == [] and not store.snapshots
+    assert bus.committed("failslow.coll") == 0
+    bus.reassign()
+    proc.run()
+    assert sum(_key_counts(sink.table("coll")).values()) == coll.num_rows
     assert bus.committed("failslow.coll") == 4
 
 
