@@ -44,8 +44,8 @@ def add_parser(subparsers: Any) -> None:
                    help="deliver what the topics hold now, then exit (waits up to "
                         "--once-timeout seconds for the partitions)")
     p.add_argument("--once-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="with --once: longest wait for the consumer group's partitions "
-                        "(default %(default)s)")
+                   help="with --once: longest wait to read the topics to their end; "
+                        "exit 1 when it passes (default %(default)s)")
     p.add_argument("--check", action="store_true",
                    help="validate the config and its environment variables, then exit")
     p.set_defaults(func=run)
@@ -69,18 +69,23 @@ def _unconfigured(config: Any) -> list[str]:
 class _UntilDrained:
     """A transport whose :meth:`poll` returns nothing only once the consumer has its
     partitions and has read them to the end offsets (``--once``), or after ``timeout``
-    seconds without partitions."""
+    seconds (then :attr:`timed_out`)."""
 
     def __init__(self, transport: Any, timeout: float) -> None:
         self.transport = transport
+        self.timeout = timeout
         self.deadline = time.monotonic() + timeout
+        self.timed_out = False
 
     def poll(self, max_messages: int = 100, timeout: float = 0.0) -> list[Any]:
         while True:
             messages = self.transport.poll(max_messages, timeout=max(timeout, 0.2))
             if messages:
                 return list(messages)
-            if self.transport.drained() or time.monotonic() > self.deadline:
+            if self.transport.drained():
+                return []
+            if time.monotonic() > self.deadline:
+                self.timed_out = True
                 return []
 
     def __getattr__(self, name: str) -> Any:
@@ -161,4 +166,10 @@ def run(args: argparse.Namespace) -> int:
         transport.close()
     log.info("notify: %s", stats.to_dict())
     print(" ".join(f"{k}={v}" for k, v in stats.to_dict().items()))
+    if isinstance(source, _UntilDrained) and source.timed_out:
+        print(f"failslow notify: --once: the topics were not read to their end within "
+              f"{source.timeout:g} s (group not joined yet, or a slow broker); what was read "
+              f"is delivered, the rest waits for the next run (--once-timeout)",
+              file=sys.stderr)
+        return 1
     return 0

@@ -70,7 +70,7 @@ def routes(tmp_path: Path) -> Path:
 def publish_reports(bootstrap: str, prefix: str, count: int,
                     security: dict[str, object] | None = None) -> None:
     t = KafkaTransport(bootstrap, subscribe=(), topic_prefix=prefix, partitions=2,
-                       security=security)
+                       security=security, on_full="block", max_block_ms=30_000)
     try:
         assert t.wait_connected(30)
         for i in range(count):
@@ -79,6 +79,8 @@ def publish_reports(bootstrap: str, prefix: str, count: int,
             value, headers = encode_anomaly(f"job-{i}", a, 1)
             t.produce(ANOMALIES_TOPIC, f"job-{i}", value, headers)
         assert t.flush(30)
+        stats = t.stats()  # all acknowledged (none dropped while a connection was made)
+        assert (stats["sent"], stats["dropped"], stats["errors"]) == (count, 0, 0), stats
     finally:
         t.close()
 
@@ -107,6 +109,22 @@ def test_once_delivers_the_reports_already_in_the_topic(broker: Broker, tmp_path
     again = run_once(broker.bootstrap, prefix, routes(tmp_path), env, tmp_path)
     assert again.returncode == 0, again.stderr
     assert len(inbox.bodies) == 3
+
+
+def test_once_that_cannot_read_to_the_end_in_time_says_so(broker: Broker, tmp_path: Path,
+                                                          inbox: Inbox) -> None:
+    prefix = f"once-{uuid.uuid4().hex[:6]}."
+    publish_reports(broker.bootstrap, prefix, 1)
+    env = {**os.environ, "HOOK_URL": inbox.url, "FAILSLOW_DATA_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "failslow", "notify", "--config", str(routes(tmp_path)),
+         "--once", "--once-timeout", "0", "--kafka", broker.bootstrap, "--topic-prefix",
+         prefix, "--group", "n-" + prefix], env=env, capture_output=True, text=True,
+        timeout=120)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("failslow notify")]
+    assert len(lines) == 1 and "not read to their end within 0 s" in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_without_a_webhook_the_notifier_stays_up_idle(tmp_path: Path) -> None:
