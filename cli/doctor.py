@@ -32,12 +32,12 @@ class Check:
 
 def check_kafka(bootstrap: str, prefix: str, groups: list[str],
                 timeout: float) -> list[Check]:
-    from failslow.stream.kafka import ALL_TOPICS
     from failslow.stream.kafka_security import (
         KafkaConnectError,
         check_connection,
         client_security,
     )
+    from failslow.stream.kafka_topics import ALL_TOPICS
 
     try:
         security = client_security()

@@ -43,12 +43,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from failslow.engine.probes import PROBE_REQUESTS_TOPIC
-from failslow.stream import kafka_compat
-from failslow.stream.sink import ADVICE_TOPIC
+from failslow.stream import kafka_compat, kafka_topics
 from failslow.stream.transport import (
-    ANOMALIES_TOPIC,
-    DEADLETTER_TOPIC,
     EVENT_TOPICS,
     AssignmentListener,
     Message,
@@ -60,9 +56,6 @@ from failslow.stream.transport import (
 
 log = logging.getLogger(__name__)
 
-#: Every topic the pipeline uses (created on connect).
-ALL_TOPICS: tuple[str, ...] = (*EVENT_TOPICS, ANOMALIES_TOPIC, ADVICE_TOPIC,
-                               DEADLETTER_TOPIC, PROBE_REQUESTS_TOPIC)
 DEFAULT_GROUP = "failslow-processor"
 #: Largest message value published as one message; :meth:`KafkaTransport.publish` splits
 #: larger tables by rows. Below a broker's default ``message.max.bytes`` (1 MiB).
@@ -82,17 +75,6 @@ def has_fast_crc() -> bool:
     except ImportError:  # pragma: no cover - kafka-python is part of the kafka extra
         return False
     return getattr(util, "crc32c_c", None) is not None
-
-
-#: Retention of the topics this transport creates (the processor is minutes behind at most;
-#: anomaly reports and dead letters are kept longer for whoever reads them).
-TOPIC_CONFIGS: dict[str, dict[str, str]] = {
-    "events": {"retention.ms": str(3 * 24 * 3600 * 1000), "max.message.bytes": str(8 << 20)},
-    ANOMALIES_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000)},
-    ADVICE_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000)},
-    DEADLETTER_TOPIC: {"retention.ms": str(30 * 24 * 3600 * 1000),
-                       "max.message.bytes": str(8 << 20)},
-}
 
 
 class KafkaTransport(Transport):
@@ -209,11 +191,10 @@ class KafkaTransport(Transport):
             return kafka_topic[len(prefix):]
         return kafka_topic
 
-    def ensure_topics(self, topics: Iterable[str] = ALL_TOPICS) -> list[str]:
+    def ensure_topics(self, topics: Iterable[str] = kafka_topics.ALL_TOPICS) -> list[str]:
         """Create the (logical) ``topics`` that do not exist, with ``partitions`` partitions;
         returns the Kafka names created."""
         from kafka import KafkaAdminClient
-        from kafka.errors import TopicAlreadyExistsError
 
         admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers,
                                  client_id=f"{self._client_id}-admin",
@@ -221,55 +202,11 @@ class KafkaTransport(Transport):
                                  request_timeout_ms=self._connect_timeout_ms,
                                  **self._security)
         try:
-            existing = set(admin.list_topics())
-            missing = [self.kafka_topic(t) for t in topics if self.kafka_topic(t) not in existing]
-            if missing:
-                spec = {}
-                for name in missing:
-                    logical = self._logical(name)
-                    configs = TOPIC_CONFIGS.get(logical, TOPIC_CONFIGS["events"]
-                                                if kind_of(logical) else {})
-                    spec[name] = {"num_partitions": self.partitions, "replication_factor": 1,
-                                  "topic_configs": dict(configs)}
-                with contextlib.suppress(TopicAlreadyExistsError):  # created concurrently
-                    admin.create_topics(spec, wait_for_metadata=True)
-                self._wait_for_leaders(admin, missing)
-            return missing
+            return kafka_topics.create_missing(
+                admin, {self.kafka_topic(t): kafka_topics.topic_configs(t) for t in topics},
+                self.partitions)
         finally:
             admin.close()
-
-    @staticmethod
-    def _wait_for_leaders(admin: Any, names: list[str], timeout: float = 10.0) -> None:
-        """Until every partition of the new topics has a leader (else the first messages
-        fail with NotLeaderForPartition and are retried)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                described = admin.describe_topics(names)
-                if all(t.get("error_code", 0) == 0 and t.get("partitions") and all(
-                        p.get("leader_id", -1) >= 0 for p in t["partitions"])
-                       for t in described):
-                    break
-            except Exception as e:  # noqa: BLE001 - not ready yet
-                log.debug("waiting for topic leaders: %s", e)
-            time.sleep(0.1)
-        # a leader in the metadata may not have made its replica yet (KRaft applies the
-        # change asynchronously): ask every partition's leader for its end offset, which
-        # it answers only once it leads the partition
-        from kafka import TopicPartition
-        from kafka.admin import OffsetSpec
-
-        while time.monotonic() < deadline:
-            try:
-                parts = [TopicPartition(t["name"], p["partition_index"])
-                         for t in admin.describe_topics(names) for p in t["partitions"]]
-                admin.list_partition_offsets(
-                    dict.fromkeys(parts, OffsetSpec.LATEST),
-                    timeout_ms=max(100, int((deadline - time.monotonic()) * 1000)))
-                return
-            except Exception as e:  # noqa: BLE001 - not ready yet
-                log.debug("waiting for topic leaders: %s", e)
-            time.sleep(0.1)
 
     def _topics_once(self) -> None:
         if not self._create_topics:
@@ -650,14 +587,9 @@ class KafkaTransport(Transport):
             if not assigned:
                 return 0
             ends = consumer.end_offsets(assigned, timeout_ms=2000)
-            states = consumer._subscription.assignment  # local positions, no round trip
-            total = 0
-            for tp in assigned:
-                position = getattr(states.get(tp), "position", None)
-                offset = getattr(position, "offset", position)
-                if offset is not None and tp in ends:
-                    total += max(0, int(ends[tp]) - int(offset))
-            return total
+            at = kafka_compat.positions(consumer)
+            return sum(max(0, int(ends[tp]) - int(at[tp] or 0)) for tp in assigned
+                       if at.get(tp) is not None and tp in ends)
         except Exception as e:  # noqa: BLE001 - metrics only
             log.debug("kafka lag unknown: %s", e)
             return None
@@ -675,13 +607,9 @@ class KafkaTransport(Transport):
             if not assigned or {tp.topic for tp in assigned} != names:
                 return False
             ends = consumer.end_offsets(assigned, timeout_ms=5000)
-            states = consumer._subscription.assignment  # local positions, no round trip
-            for tp in assigned:
-                position = getattr(states.get(tp), "position", None)
-                offset = getattr(position, "offset", position)
-                if offset is None or int(offset) < int(ends.get(tp, 0)):
-                    return False
-            return True
+            at = kafka_compat.positions(consumer)
+            return all(at.get(tp) is not None and int(at[tp] or 0) >= int(ends.get(tp, 0))
+                       for tp in assigned)
         except Exception as e:  # noqa: BLE001 - not known yet: keep reading
             log.debug("kafka end offsets unknown: %s", e)
             return False
@@ -695,24 +623,7 @@ class KafkaTransport(Transport):
         if consumer is None:
             return None
         try:
-            states = consumer._subscription.assignment  # kafka-python's own bookkeeping
-            mine = [(tp, st) for tp, st in states.items() if tp.partition == partition]
-            if not mine:
-                return None
-            client = consumer._client
-            for tp, st in mine:
-                # an unreachable leader tells nothing about the job: not caught up
-                leader = client.cluster.leader_for_partition(tp)
-                if leader is None or leader < 0 or not client.connected(leader):
-                    return False
-                highwater = st.highwater
-                position = getattr(st, "position", None)
-                if highwater is None or position is None:
-                    return None
-                offset = getattr(position, "offset", position)
-                if int(offset) < int(highwater):
-                    return False
-            return True
+            return kafka_compat.caught_up(consumer, partition)
         except Exception:  # noqa: BLE001 - internals changed: unknown
             return None
 

@@ -21,7 +21,10 @@ kafka-python 3.0 keeps the assignment, and so the position, of a partition that 
 for a revoked partition (it no longer owns them) then resumes after them, and they are never
 read: a processor lost rows, and ``notify --once`` saw no report, after a rebalance.
 :func:`rewind_to_committed` moves a reassigned partition back to its committed offset (the
-reset policy's end where nothing is committed), as Java does."""
+reset policy's end where nothing is committed), as Java does.
+
+**Positions without a round trip.** :func:`positions` and :func:`caught_up` read the
+consumer's own bookkeeping (``KafkaConsumer.position`` may block to ask the broker)."""
 
 from __future__ import annotations
 
@@ -96,3 +99,35 @@ def rewind_to_committed(consumer: Any, partitions: Collection[Any], reset: str,
             consumer.seek_to_beginning(*fresh)
         else:
             consumer.seek_to_end(*fresh)
+
+
+def positions(consumer: Any) -> dict[Any, int | None]:
+    """The position (next offset to fetch) of each assigned partition as ``consumer`` keeps
+    it; None where it is not known yet."""
+    out: dict[Any, int | None] = {}
+    for tp, state in consumer._subscription.assignment.items():
+        position = getattr(state, "position", None)
+        offset = getattr(position, "offset", position)
+        out[tp] = None if offset is None else int(offset)
+    return out
+
+
+def caught_up(consumer: Any, partition: int) -> bool | None:
+    """Whether every assigned topic of ``partition`` is read up to the high-water mark of
+    its last fetch response with its leader connected (an unreachable leader says nothing
+    about the producers: not caught up); None before the first fetch."""
+    states = consumer._subscription.assignment
+    mine = [(tp, st) for tp, st in states.items() if tp.partition == partition]
+    if not mine:
+        return None
+    client = consumer._client
+    for tp, st in mine:
+        leader = client.cluster.leader_for_partition(tp)
+        if leader is None or leader < 0 or not client.connected(leader):
+            return False
+        position = getattr(st, "position", None)
+        if st.highwater is None or position is None:
+            return None
+        if int(getattr(position, "offset", position)) < int(st.highwater):
+            return False
+    return True
