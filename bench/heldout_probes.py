@@ -45,6 +45,8 @@ import pyarrow as pa
 
 from failslow import events
 from failslow.bench import heldout as hg
+from failslow.bench.heldout_score import figures, score_job
+from failslow.bench.heldout_score import floors as score_floors
 from failslow.comms import infer_comms
 from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
@@ -324,20 +326,17 @@ ALSO = ("slow_f1", "slow_false_positives", "cause_accuracy", "exact_rank_accurac
         "link_faults_found", "link_accuracy", "stage_accuracy", "latency_median_iterations",
         "latency_max_iterations", "hang_f1")
 
-Scorer = Any  # heldout_suite.score_job / _figures (not imported: the suite imports this)
-
-
-def run_probed(spec: hg.Spec, keep: dict[str, Any], path: Path, units: list[dict[str, Any]],
-               score: Scorer) -> dict[str, Any]:
-    """One generated job diagnosed with probes on and scored by ``score`` (the suite's
-    ``score_job``): its scored faults, false positives and anomaly count, plus the probes
-    run, skipped and their own seconds, and the links they named."""
+def run_probed(spec: hg.Spec, keep: dict[str, Any], path: Path, units: list[dict[str, Any]]
+               ) -> dict[str, Any]:
+    """One generated job diagnosed with probes on and scored (:func:`score_job`): its
+    scored faults, false positives and anomaly count, plus the probes run, skipped and their
+    own seconds, and the links they named."""
     t0 = time.perf_counter()
     cluster = GeneratedCluster(spec, keep)
     diag = analyze_with_probes(path, cluster).to_dict()
     anomalies = list(diag.get("anomalies") or [])
     st = cluster.stats
-    return {**score(units, anomalies),
+    return {**score_job(units, anomalies),
             "probes_run": st.status["ok"] + st.status["timeout"] + st.status["failed"],
             "probes_skipped": st.status["skipped"], "probe_status": dict(st.status),
             "probe_cost_s": round(st.probe_s, 6),
@@ -346,19 +345,9 @@ def run_probed(spec: hg.Spec, keep: dict[str, Any], path: Path, units: list[dict
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _probe_floors(fig: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for key, (op, floor) in PROBE_FLOORS.items():
-        v = fig.get(key)
-        ok = v is not None and (v >= floor if op == ">=" else v <= floor)
-        out[key] = {"value": v, "op": op, "floor": floor, "pass": bool(ok)}
-    return out
-
-
-def summary(results: list[dict[str, Any]], figures: Scorer, families: list[str]
-            ) -> dict[str, Any]:
-    """The suite's figures with probes (``figures``: the suite's ``_figures``), their floors,
-    and per family the ones probes change."""
+def summary(results: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """The suite's figures with probes, their floors, and per family the ones probes
+    change."""
     probed = [{**r, **r["with_probes"]} for r in results if "with_probes" in r]
     base = figures(probed)
     fig: dict[str, Any] = {f"{k}_with_probes": base.get(k) for k in ALSO}
@@ -367,7 +356,7 @@ def summary(results: list[dict[str, Any]], figures: Scorer, families: list[str]
     fig["probes_skipped"] = sum(r["with_probes"]["probes_skipped"] for r in probed)
     fig["probe_cost_s"] = round(sum(r["with_probes"]["probe_cost_s"] for r in probed), 6)
     fig["jobs_probed"] = sum(bool(r["with_probes"]["probes_run"]) for r in probed)
-    floors = _probe_floors(fig)
+    floors = score_floors(fig, PROBE_FLOORS)
     per = {}
     for fam in families:
         f = figures(probed, fam)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from failslow.bench import heldout as hg
+from failslow.bench import heldout_score as hsc
 from failslow.bench import heldout_suite as hs
 
 SMALL = 0.05
@@ -88,7 +89,7 @@ def test_perfect_diagnosis_scores_one(generated: dict[str, Any]) -> None:
     assert 0 < fig["latency_median_iterations"] < 1.0
     assert fig["clean_run_anomalies"] == 0
     assert out["all_floors_pass"]
-    assert set(out["floors"]) == set(hs.FLOORS)
+    assert set(out["floors"]) == set(hsc.FLOORS)
     assert out["families"]["mixed"]["link_accuracy"] == 1.0
 
 
@@ -160,7 +161,7 @@ def test_shrunken_suite_end_to_end() -> None:
                 "latency_max_iterations"):
         assert fig[key] is None or fig[key] >= -1.0, key
     assert fig["clean_run_anomalies"] >= 0
-    assert set(out["floors"]) == set(hs.FLOORS)
+    assert set(out["floors"]) == set(hsc.FLOORS)
     assert all(isinstance(f["pass"], bool) for f in out["floors"].values())
     assert set(out["families"]) >= set(hs.FAMILIES) - {"link-dp"}
     text = hs.table(out)
@@ -173,7 +174,7 @@ def test_latency_counts_elapsed_iterations_not_baseline_times() -> None:
     base = 100_000_000
     t = {"start_ns": 0, "baseline_s": base / 1e9,
          "iteration_ends_ns": [2 * base, 4 * base, 6 * base]}
-    assert hs.elapsed_iterations(5 * base, t) == 2.5
+    assert hsc.elapsed_iterations(5 * base, t) == 2.5
     # past the last known end: the rest in baseline iterations
-    assert hs.elapsed_iterations(7 * base, t) == 4.0
-    assert hs.elapsed_iterations(base, {**t, "iteration_ends_ns": []}) == 1.0
+    assert hsc.elapsed_iterations(7 * base, t) == 4.0
+    assert hsc.elapsed_iterations(base, {**t, "iteration_ends_ns": []}) == 1.0

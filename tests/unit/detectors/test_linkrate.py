@@ -207,7 +207,7 @@ def test_a_link_the_slow_down_detector_cannot_name_is_reported_within_5_iteratio
     job 2%, too little for the slow-down detector's change tracker to open a level, so only
     this detector reports it. Held back 10 windows for the slow-down detector, it came 7.7
     iterations after the onset; the issue's worst case is 5."""
-    from failslow.bench.heldout_suite import elapsed_iterations
+    from failslow.bench.heldout_score import elapsed_iterations
 
     spec = S(tp=2, pp=2, dp=8, microbatches=2, iterations=30, order=("pp", "tp", "dp"),
              gpus_per_node=8, forward_ms=2.1665, backward_ratio=1.9189, last_stage=1.114,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from failslow.bench import heldout as hg
-from failslow.bench.heldout_suite import elapsed_iterations
+from failslow.bench.heldout_score import elapsed_iterations
 from failslow.detectors.slowdown import CommRegistry
 from failslow.engine.offline import analyze
 from failslow.events import Comm, JobMeta
