@@ -105,7 +105,7 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
     for i, t in enumerate(live):
         row: dict[str, Any] = {"id": t["id"], "family": t["family"], "kind": t["kind"],
                                "marginal": t["marginal"], "cost": t["slowdown"],
-                               "found": i in used_t}
+                               "found": i in used_t, "pinnable": t.get("pinnable", True)}
         if i in used_t:
             a = anomalies[used_t[i]]
             group = [a] + [anomalies[j] for j in extra.get(i, [])]
@@ -175,6 +175,8 @@ def figures(results: list[dict[str, Any]], family: str | None = None) -> dict[st
     lat = [f["latency_it"] for f in found if f.get("latency_it") is not None]
     base_lat = [f["latency_base_it"] for f in found if f.get("latency_base_it") is not None]
     links = [f for f in found if f["link"] is not None]
+    pinnable = [f for f in found if f.get("pinnable", True)]
+    pinnable_links = [f for f in links if f.get("pinnable", True)]
     hfound = [f for f in hang if f["found"]]
     hp, hr, hf1 = _f1(len(hfound), hang_fp, len(hang) - len(hfound))
     hlat = [f["latency_s"] for f in hfound if f.get("latency_s") is not None]
@@ -189,6 +191,13 @@ def figures(results: list[dict[str, Any]], family: str | None = None) -> dict[st
         "exact_rank_accuracy": _ratio(sum(f["ranks"] for f in found), len(found)),
         "link_faults_found": len(links),
         "link_accuracy": _ratio(sum(bool(f["link"]) for f in links), len(links)),
+        # the same where the trace holds what pins the link (see truth_units: a pipeline
+        # path, or a hop between nodes with link rows); the others need a probe
+        "link_faults_pinnable": len(pinnable_links),
+        "link_accuracy_where_pinnable": _ratio(sum(bool(f["link"]) for f in pinnable_links),
+                                               len(pinnable_links)),
+        "exact_rank_accuracy_where_pinnable": _ratio(sum(f["ranks"] for f in pinnable),
+                                                     len(pinnable)),
         "stage_accuracy": _ratio(sum(f["stage"] for f in found), len(found)),
         "latency_median_iterations": round(float(np.median(lat)), 3) if lat else None,
         "latency_p95_iterations": round(float(np.percentile(lat, 95)), 3) if lat else None,

@@ -384,8 +384,15 @@ def _try_job(draw: _Draw, name: str, family: str, world: int, seed: int, i: int
 
 
 def truth_units(job: Job, truth: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's faults as scored: the generator's truth merged per :class:`Unit`."""
+    """The job's faults as scored: the generator's truth merged per :class:`Unit`.
+
+    ``pinnable``: whether the trace holds what names a slow link. A pipeline send and its
+    receive are timed apart; a hop between nodes has link rows when the job has them. A
+    hop of a ring inside a node (NVLink: no link rows), or between nodes without link rows,
+    is not: every step of a ring waits for its slowest hop, so all members end together
+    and only a probe can tell which hop it was."""
     out = []
+    lay = _layout(job.spec)
     tas = truth["anomalies"]
     for k, u in enumerate(job.units):
         parts = [tas[i] for i in u.faults]
@@ -408,6 +415,8 @@ def truth_units(job: Job, truth: dict[str, Any]) -> list[dict[str, Any]]:
             "slowdown": cost,
             "triggered": all(p.get("triggered", True) for p in parts),
             "marginal": u.cause == "compute" and cost is not None and cost < MARGINAL,
+            "pinnable": u.link is None or u.stage == "pp_p2p" or (
+                job.spec.link_rows and lay.node[u.link[0]] != lay.node[u.link[1]]),
         })
     return out
 
@@ -532,6 +541,10 @@ def table(out: dict[str, Any]) -> str:
                  f"{_fmt(fig['slow_recall'])} latency p95 {_fmt(fig['latency_p95_iterations'])}"
                  f" (>5: {fig['latency_over_5']}) hang class {_fmt(fig['hang_class_accuracy'])}"
                  f" root {_fmt(fig['hang_root_accuracy'])} marginal {fig['marginal_faults']}")
+    lines.append(f"  where the trace can pin the link ({fig['link_faults_pinnable']} of "
+                 f"{fig['link_faults_found']} found link faults): link "
+                 f"{_fmt(fig['link_accuracy_where_pinnable'])}, exact ranks "
+                 f"{_fmt(fig['exact_rank_accuracy_where_pinnable'])} (the others need a probe)")
     cols = [("jobs", "jobs"), ("faults", "slow_faults"), ("found", "slow_found"),
             ("fp", "slow_false_positives"), ("f1", "slow_f1"), ("cause", "cause_accuracy"),
             ("ranks", "exact_rank_accuracy"), ("link", "link_accuracy"),

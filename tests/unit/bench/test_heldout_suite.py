@@ -105,6 +105,41 @@ def test_wrong_rank_set_lowers_exact_rank_accuracy(generated: dict[str, Any]) ->
     assert not out["floors"]["exact_rank_accuracy"]["pass"]
 
 
+def test_links_a_trace_cannot_pin_are_counted_apart() -> None:
+    """A slow hop of a DP ring inside a node (no link rows there) leaves no trace of which
+    hop it was: every ring member ends each step together. Naming the ring instead of the
+    pair lowers the link and exact-rank figures, not those where the trace can pin it."""
+    import dataclasses
+    import random
+
+    def layout(job: hs.Job) -> hg.Layout:
+        return hg.Layout(job.spec, random.Random(0))
+
+    def intra_node(job: hs.Job) -> bool:
+        a, b = job.units[0].link or (0, 0)
+        return bool(layout(job).node[a] == layout(job).node[b])
+
+    pp = next(j for j in hs.suite(1.0, 3) if j.family == "link-pp")
+    dp = next(j for j in hs.suite(1.0, 3) if j.family == "link-dp" and intra_node(j))
+    dp = dataclasses.replace(dp, spec=dataclasses.replace(dp.spec, link_rows=True))
+    results = []
+    for job, pinnable in ((pp, True), (dp, False)):
+        _, _, truth = hg.generate(job.spec)
+        unit = hs.truth_units(job, truth)[0]
+        assert unit["pinnable"] is pinnable, job.name
+        diag = _perfect(job, truth)
+        if not pinnable:  # the ring, as the detector names it without a probe
+            ring = next(m for _, kind, m in layout(job).comms
+                        if kind == "dp" and set(unit["link"]) <= set(m))
+            diag["anomalies"][0].update(link=None, ranks=sorted(ring))
+        results.append(hs.result(job, truth, diag))
+    fig = hs.summarize(results)["figures"]
+    assert (fig["link_accuracy"], fig["exact_rank_accuracy"]) == (0.5, 0.5)
+    assert fig["link_faults_pinnable"] == 1
+    assert fig["link_accuracy_where_pinnable"] == 1.0
+    assert fig["exact_rank_accuracy_where_pinnable"] == 1.0
+
+
 def test_split_report_of_two_stragglers_is_one_find(generated: dict[str, Any]) -> None:
     job, truth = generated["two-stragglers"]
     diag = _perfect(job, truth)
