@@ -16,7 +16,8 @@ detector judges every link on its own:
    communicator kind, op, bytes and size in that window, when there are ``min_peers``).
    With ``link`` rows at the link's ends (:mod:`.queues`), VCCL's queue condition must hold
    too: a queue pair of one end towards the other's node holds more in-flight work requests
-   than in its baseline. Without them, coll timing decides.
+   than in its baseline; with that second signal a smaller drop, ``factor_with_queues``
+   (1.5), is enough. Without them, coll timing decides.
 3. *Persistent*: of the last ``persist_windows`` judged windows, at least as many degraded as
    a healthy link would show with probability below ``alpha`` (binomial tail, chance 5% per
    window; 4 of 6 by default): GC pauses and jitter do not persist on one link.

@@ -15,6 +15,10 @@ class LinkRateConfig:
     #: and than its peers' median (MEGATRACE flags a 20% drop for an alert; a fail-slow
     #: link worth a report to the network team is much slower than that)
     factor: float = 1.8
+    #: the same with ``link`` rows at the link's ends, where VCCL's queue condition must
+    #: hold too (its queue pair filled): the second, independent signal allows a smaller
+    #: drop
+    factor_with_queues: float = 1.5
     #: a degraded link is healthy again below this rate ratio (hysteresis)
     relief_factor: float = 1.4
     #: windows of a link's own baseline (its first judged windows not slower than its peers)

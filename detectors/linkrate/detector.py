@@ -65,6 +65,8 @@ class LinkRateDetector:
         self.k_open = c.open_count()
         self.samples = SampleExtractor(meta, c.min_bytes, int(c.max_pending_s * 1e9))
         self.queues = QueueTracker()
+        self._queued = np.zeros(0, dtype=bool)  # per link: its ends' queue pairs sampled
+        self._queued_key = (0, 0)
         self.width = 0
         self.origin = 0
         self.next_w = 0
@@ -207,7 +209,8 @@ class LinkRateDetector:
         peer = np.where(ccnt[ci] >= c.min_peers, cmed[ci] / r, np.nan)
         base = lk["base"][links]
         own = base / r
-        slow = (own >= c.factor) & (np.isnan(peer) | (peer >= c.factor))
+        thr = np.where(self._queued_links()[links], c.factor_with_queues, c.factor)
+        slow = (own >= thr) & (np.isnan(peer) | (peer >= thr))
         healthy = ~slow & ~(own >= c.relief_factor)
         judged = ~np.isnan(base)
         jl = links[judged]
@@ -230,6 +233,18 @@ class LinkRateDetector:
         done = ll[lk["nb"][ll] >= c.baseline_windows]
         lk["base"][done] = np.median(lk["buf"][done], axis=1)
         return self._decide(w, hi, others)
+
+    def _queued_links(self) -> np.ndarray:
+        """Per link, whether a queue pair of one end towards the other's node is sampled
+        (recomputed when links or queue pairs were added)."""
+        rows, index = self.samples.links.rows, self.queues.index
+        if self._queued_key != (len(rows), len(index)):
+            node = self.meta.node_of
+            self._queued = np.array(
+                [bool(index) and ((a, node(b)) in index or (b, node(a)) in index)
+                 for _, a, b, _, _ in rows], dtype=bool)
+            self._queued_key = (len(rows), len(index))
+        return self._queued
 
     def _queue_window(self, w: int, lo: int, hi: int) -> None:
         qp = self.qpending
@@ -359,6 +374,12 @@ class LinkRateDetector:
             queue = {x: self._queue_growth(x, w) for x in lids}
             for x, g in queue.items():
                 self.lk["qgrowth"][x] = np.nan if g is None else g[0]
+            # judged against the smaller factor of a link with queue pairs: its queue must
+            # have grown too
+            lids = [x for x in lids if (queue[x] or (0.0, True))[1]
+                    or self.lk["bad_sum"][x] >= self.config.factor * self.lk["bad_n"][x]]
+            if not lids:
+                continue
             queued = any(g is not None for g in queue.values())
             grown = [x for x in lids if (queue[x] or (0.0, False))[1]]
             starved: list[int] = []

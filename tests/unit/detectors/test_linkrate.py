@@ -68,6 +68,24 @@ def test_absorbed_dp_ring_hop_named_by_its_queue(traces: dict[str, Any]) -> None
     assert scored["false_alarms"] == [] and scored["matches"][0]["link"] is True
 
 
+@pytest.mark.parametrize("link_rows", [True, False])
+def test_a_smaller_drop_is_enough_where_the_queue_grew_too(link_rows: bool) -> None:
+    """A DP ring hop 1.75x slower (its transfers measure about 1.55x: latency is part of
+    them): below the coll-timing factor (1.8), above the one of a link whose queue pairs
+    are sampled (1.5), where the grown queue confirms it."""
+    spec = S(**BIG, iterations=30, link_rows=link_rows, seed=111,
+             faults=[F("communication", 36, peer=40, start=12, factor=1.75)])
+    meta, tables, truth = _tables(spec)
+    found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
+    if not link_rows:
+        assert found == []
+        return
+    assert len(found) == 1, found
+    a = found[0]
+    assert sorted(a["link"]) == a["ranks"] == [36, 40] and a["localized_by"] == "queue"
+    assert 1.5 <= a["link_slowdown"] < 1.8 and a["severity"] == "info"
+
+
 def test_absorbed_dp_ring_without_link_rows_names_the_ring(traces: dict[str, Any]) -> None:
     """Without link rows every hop of the slow ring is slower in coll timing: the ring is
     reported, with no link and the reason."""
