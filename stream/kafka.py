@@ -463,7 +463,8 @@ class KafkaTransport(Transport):
                     transport._counts["joins"] += 1
                 if transport._paused and transport._consumer is not None:
                     transport._consumer.pause(*assigned)  # stay paused across a rebalance
-                if numbers:
+                # without a listener no record is dropped, so the kept positions are right
+                if numbers and transport._listener is not None and not transport._closing:
                     transport._changes.put(("assigned", numbers))
 
         return Listener()

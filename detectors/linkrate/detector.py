@@ -374,10 +374,11 @@ class LinkRateDetector:
             queue = {x: self._queue_growth(x, w) for x in lids}
             for x, g in queue.items():
                 self.lk["qgrowth"][x] = np.nan if g is None else g[0]
-            # judged against the smaller factor of a link with queue pairs: its queue must
-            # have grown too
-            lids = [x for x in lids if (queue[x] or (0.0, True))[1]
-                    or self.lk["bad_sum"][x] >= self.config.factor * self.lk["bad_n"][x]]
+            # a link with queue pairs was judged against the smaller factor: below the
+            # coll-timing one, its queue must have grown too
+            mean_drop = self.lk["bad_sum"] / np.maximum(self.lk["bad_n"], 1)
+            lids = [x for x in lids if (g := queue[x]) is None or g[1]
+                    or mean_drop[x] >= self.config.factor]
             if not lids:
                 continue
             queued = any(g is not None for g in queue.values())

@@ -113,18 +113,43 @@ def test_once_delivers_the_reports_already_in_the_topic(broker: Broker, tmp_path
 
 def test_once_that_cannot_read_to_the_end_in_time_says_so(broker: Broker, tmp_path: Path,
                                                           inbox: Inbox) -> None:
-    prefix = f"once-{uuid.uuid4().hex[:6]}."
-    publish_reports(broker.bootstrap, prefix, 1)
-    env = {**os.environ, "HOOK_URL": inbox.url, "FAILSLOW_DATA_DIR": str(tmp_path)}
-    out = subprocess.run(
-        [sys.executable, "-m", "failslow", "notify", "--config", str(routes(tmp_path)),
-         "--once", "--once-timeout", "0", "--kafka", broker.bootstrap, "--topic-prefix",
-         prefix, "--group", "n-" + prefix], env=env, capture_output=True, text=True,
-        timeout=120)
+    """Another member of the group holds every partition (one per topic; the range assignor
+    gives it to the member whose id sorts first), so the notifier never gets to read them:
+    after --once-timeout it says so and exits 1."""
+    from failslow.stream.sink import ADVICE_TOPIC
+    from failslow.stream.transport import topic_for
+
+    prefix, group = f"once-{uuid.uuid4().hex[:6]}.", "n-once-held"
+    holder = KafkaTransport(broker.bootstrap, group_id=group, topic_prefix=prefix,
+                            partitions=1, client_id="a-holder",
+                            subscribe=(topic_for("meta"), ANOMALIES_TOPIC, ADVICE_TOPIC))
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            holder.poll(10, timeout=0.2)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while holder.lag() is None or not holder.drained():
+            assert time.monotonic() < deadline, "the holder did not get its partitions"
+            time.sleep(0.2)
+        publish_reports(broker.bootstrap, prefix, 1)
+        env = {**os.environ, "HOOK_URL": inbox.url, "FAILSLOW_DATA_DIR": str(tmp_path)}
+        out = subprocess.run(
+            [sys.executable, "-m", "failslow", "notify", "--config", str(routes(tmp_path)),
+             "--once", "--once-timeout", "5", "--kafka", broker.bootstrap, "--topic-prefix",
+             prefix, "--group", group], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        stop.set()
+        thread.join(30)
+        holder.close()
     assert out.returncode == 1, (out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.startswith("failslow notify")]
-    assert len(lines) == 1 and "not read to their end within 0 s" in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+    assert len(lines) == 1 and "not read to their end within 5 s" in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and inbox.bodies == []
 
 
 def test_without_a_webhook_the_notifier_stays_up_idle(tmp_path: Path) -> None:
