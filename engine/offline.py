@@ -9,7 +9,10 @@ The trace directory is read with :class:`~failslow.tracedir.TraceDir`, replayed 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import gc
 import json
 import logging
 import sys
@@ -33,7 +36,13 @@ from failslow.engine.runner import run, steps
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
-from failslow.whatif.analysis import COLL_COLUMNS, SPAN_COLUMNS, WhatIfAnalyzer, whatif
+from failslow.whatif.analysis import (
+    COLL_COLUMNS,
+    SPAN_COLUMNS,
+    WhatIfAnalyzer,
+    WindowRows,
+    whatif,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +85,24 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     if not meta.comms:
         meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
     analyzer = JobAnalyzer(meta, config)
-    whatif_input = WhatIfInput(meta)
+    whatif_input = WhatIfInput(meta, trace=td)
     for step in steps(analyzer, replay_dir(td, window_ns), window_ns, post_mortem=post_mortem):
         whatif_input.add(step.batch)
     diag = analyzer.diagnosis()
+    del analyzer
+    release_memory()  # the detectors' state, before the what-if analysis runs
     whatif_input.into(diag)
     return diag
+
+
+def release_memory() -> None:
+    """Free what is no longer referenced (the detectors' state holds reference cycles) and
+    give the freed heap back to the operating system (glibc's ``malloc_trim``; elsewhere
+    only the collection): the peak memory of a large analysis is then the larger of the
+    replay's and the what-if analysis', not their sum."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 #: What-if input kept whole by ``analyze`` (span and coll rows, the columns it reads).
@@ -98,8 +119,12 @@ class WhatIfInput:
     by going on as the stream processor does, with the windowed
     :class:`~failslow.whatif.analysis.WhatIfAnalyzer` over the rest of the trace."""
 
-    def __init__(self, meta: JobMeta, max_rows: int | None = None) -> None:
+    def __init__(self, meta: JobMeta, max_rows: int | None = None,
+                 trace: TraceDir | None = None) -> None:
         self.meta = meta
+        #: the trace on disk: the windowed analysis then keeps no rows, it reads its chosen
+        #: window again at the end (:func:`read_window`)
+        self.trace = trace
         self.max_rows = WHATIF_MAX_ROWS if max_rows is None else max_rows
         self.rows = 0
         self.parts: dict[str, list[pa.Table]] = {"span": [], "coll": []}
@@ -133,7 +158,10 @@ class WhatIfInput:
             self.parts = {"span": [], "coll": []}
             try:
                 # only its last window matters here: analysed once, at the end
-                self.windowed = WhatIfAnalyzer(self.meta, every_steps=WHATIF_STEPS, lazy=True)
+                trace = self.trace
+                reader = None if trace is None else (lambda rows: read_window(trace, rows))
+                self.windowed = WhatIfAnalyzer(self.meta, every_steps=WHATIF_STEPS, lazy=True,
+                                               reader=reader)
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
                 log.warning("no what-if analysis for job %s: %s", self.meta.job, e)
                 self.given_up = True
@@ -172,6 +200,39 @@ class WhatIfInput:
             diag.incomplete.append({"part": "whatif", "reason": self.reason})
 
 
+def read_window(td: TraceDir, rows: WindowRows) -> dict[str, pa.Table]:
+    """The rows of a lazy what-if window (:class:`~failslow.whatif.analysis.WindowRows`)
+    read again from the trace: only the row groups that overlap its time range, in replay
+    order (by time; ties in file order), only the columns the analysis reads."""
+    out: dict[str, pa.Table] = {}
+    for kind, columns, lo, hi in (("span", SPAN_COLUMNS, rows.coll_from, rows.span_until),
+                                  ("coll", COLL_COLUMNS, rows.coll_from, rows.coll_until)):
+        if kind not in td.kinds or hi < 0:
+            continue
+        src = _Source(td, kind, piecewise=False)
+        key = src.key
+        parts = []
+        for g_lo, g_hi, i in src.groups:
+            if g_hi < (lo if lo is not None else g_hi) or g_lo > hi:
+                continue
+            table = src._load(i) if i >= 0 else src.whole
+            assert table is not None
+            t = table.column(key)
+            keep = pc.less_equal(t, hi)
+            if lo is not None:
+                keep = pc.and_(keep, pc.greater_equal(t, lo))
+            if kind == "span":
+                step = table.column("step")
+                keep = pc.and_(keep, pc.and_(pc.greater_equal(step, rows.first),
+                                             pc.less_equal(step, rows.last)))
+            parts.append(table.filter(keep).select([c for c in table.column_names
+                                                    if c in columns]))
+        if parts:
+            table = pa.concat_tables(parts, promote_options="permissive")
+            out[kind] = table.take(pc.sort_indices(table, sort_keys=[(key, "ascending")]))
+    return out
+
+
 def _membership(td: TraceDir) -> pa.Table:
     """The ``coll`` columns that tell communicator membership, deduplicated as read."""
     cols = ["comm", "comm_rank", "rank", "op"]
@@ -189,8 +250,8 @@ class _Source:
     loaded when the replay reaches their smallest time (from the file's statistics), rows
     are emitted window by window and the rest is kept."""
 
-    def __init__(self, td: TraceDir, kind: str, pool: ThreadPoolExecutor | None = None
-                 ) -> None:
+    def __init__(self, td: TraceDir, kind: str, pool: ThreadPoolExecutor | None = None,
+                 piecewise: bool = True) -> None:
         self.kind = kind
         #: reads the next row group while the engine works on this one (Parquet decoding
         #: and ``conform`` release the GIL)
@@ -198,6 +259,10 @@ class _Source:
         self.ahead: tuple[int, Future[pa.Table]] | None = None
         self.key = TIME_COLUMN[kind]
         self.groups: list[tuple[int, int, int]] = []  # (min t, max t, row group)
+        #: row groups read piece by piece (:class:`_Pieces`), and the one opened ahead
+        self.piecewise = piecewise
+        self.pieces: list[_Pieces] = []
+        self.opening: tuple[int, Future[_Pieces]] | None = None
         self.pf: pq.ParquetFile | None = None
         self.whole: pa.Table | None = None
         self.path = td.path / f"{kind}.parquet"
@@ -248,17 +313,32 @@ class _Source:
         """Rows with time <= ``until`` not emitted yet, in time order (ties: in file order).
 
         Loaded row groups are kept as sorted runs; a window is a zero-copy slice of the one
-        run it falls in, and only windows where runs overlap are merged (sorted)."""
-        while self.groups and self.groups[0][0] <= until:
-            _, _, i = self.groups.pop(0)
-            if i < 0:
-                assert self.whole is not None
-                self._add_run(self.whole)
-                self.whole = None
-            else:
-                self._add_run(self._read(i).result())
+        run it falls in, and only windows where runs overlap are merged (sorted). A row
+        group already in time order is loaded :data:`PIECE_ROWS` rows at a time, so only
+        the rows near the replay's time are in memory."""
+        while True:
+            if self.groups and self.groups[0][0] <= until:
+                _, _, i = self.groups.pop(0)
+                if i < 0:
+                    assert self.whole is not None
+                    self._add_run(self.whole)
+                    self.whole = None
+                elif self.piecewise:
+                    self.pieces.append(self._open(i).result())
+                else:
+                    self._add_run(self._read(i).result())
+                continue
+            ready = [p for p in self.pieces if p.next_t is not None and p.next_t <= until]
+            if not ready:
+                break
+            for p in ready:
+                self._add_run(p.take())
+            self.pieces = [p for p in self.pieces if p.next_t is not None]
         if self.groups and self.groups[0][2] >= 0 and self.pool is not None:  # read ahead
-            self._read(self.groups[0][2])
+            if self.piecewise:
+                self._open(self.groups[0][2])
+            else:
+                self._read(self.groups[0][2])
         parts: list[pa.Table] = []
         runs: list[tuple[pa.Table, np.ndarray]] = []
         for table, t in self.runs:
@@ -274,6 +354,23 @@ class _Source:
             return parts[0]
         table = pa.concat_tables(parts, promote_options="permissive")
         return table.take(pc.sort_indices(table, sort_keys=[(self.key, "ascending")]))
+
+    def _open(self, i: int) -> Future[_Pieces]:
+        """Row group ``i`` for piecewise reading (by the read-ahead thread when there is
+        one): its time column tells whether its rows are in time order."""
+        if self.opening is not None and self.opening[0] == i:
+            return self.opening[1]
+        fut: Future[_Pieces]
+        if self.pool is not None:
+            fut = self.pool.submit(_Pieces, self, i)
+        else:
+            fut = Future()
+            try:
+                fut.set_result(_Pieces(self, i))
+            except events.ContractError as e:
+                fut.set_exception(e)
+        self.opening = (i, fut)
+        return fut
 
     def _read(self, i: int) -> Future[pa.Table]:
         """Row group ``i``, conformed: read by the read-ahead thread (in this thread
@@ -308,6 +405,74 @@ class _Source:
             order = np.argsort(t, kind="stable")
             table, t = table.take(pa.array(order)), t[order]
         self.runs.append((table, t))
+
+
+#: rows read at a time from a row group whose rows are in time order
+PIECE_ROWS = 65_536
+
+
+class _Pieces:
+    """A row group of a :class:`_Source` read :data:`PIECE_ROWS` rows at a time when its
+    rows are in time order (its time column, read first, says so; otherwise it is read
+    whole, as one run to sort). ``next_t``: the time of the next unread row (None: none
+    left). The pieces are read ahead on the source's thread."""
+
+    def __init__(self, source: _Source, i: int) -> None:
+        assert source.pf is not None
+        self.source = source
+        self.offset = source.offsets[i]
+        t = source.pf.read_row_group(i, columns=[source.key]).column(0)
+        self.t = t.to_numpy() if not t.null_count else np.zeros(0, dtype=np.int64)
+        self.pos = 0
+        self.whole: pa.Table | None = None
+        if len(self.t) > 1 and (self.t[1:] < self.t[:-1]).any() or t.null_count:
+            self.whole = source._load(i)
+            self.t = np.sort(self.whole.column(source.key).to_numpy())
+            self.batches = iter(())
+        else:
+            self.batches = iter(source.pf.iter_batches(batch_size=PIECE_ROWS, row_groups=[i],
+                                                       use_threads=False))
+        self.ahead: Future[pa.Table] | None = None
+        self._read_ahead()
+
+    @property
+    def next_t(self) -> int | None:
+        return int(self.t[self.pos]) if self.pos < len(self.t) else None
+
+    def take(self) -> pa.Table:
+        """The next piece (the whole row group when its rows are out of order)."""
+        if self.whole is not None:
+            out, self.whole = self.whole, None
+            self.pos = len(self.t)
+            return out
+        assert self.ahead is not None
+        piece = self.ahead.result()
+        self.pos += piece.num_rows
+        self._read_ahead()
+        return piece
+
+    def _read_ahead(self) -> None:
+        if self.whole is not None or self.pos >= len(self.t):
+            self.ahead = None
+            return
+        offset = self.offset + self.pos
+        if self.source.pool is not None:
+            self.ahead = self.source.pool.submit(self._next, offset)
+        else:
+            self.ahead = Future()
+            try:
+                self.ahead.set_result(self._next(offset))
+            except events.ContractError as e:
+                self.ahead.set_exception(e)
+
+    def _next(self, offset: int) -> pa.Table:
+        src = self.source
+        try:
+            batch: pa.RecordBatch = next(self.batches)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise events.ContractError(f"corrupt Parquet data near row {offset} ({e})",
+                                       source=str(src.path)) from None
+        return events.conform(pa.Table.from_batches([batch]), src.kind, str(src.path), offset)
 
 
 def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[str, ...] = KINDS

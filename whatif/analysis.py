@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,11 +370,49 @@ def _gc_summary(ops: OpTrace, plan: Plan, ideal: dict[str, np.ndarray],
 
 
 STATE_VERSION = 1
-#: Columns of the buffered rows (the rest is dropped to save memory).
-SPAN_COLUMNS = ("job", "rank", "step", "microbatch", "chunk", "op", "t_start", "t_end",
+#: Columns of the buffered rows (the rest is dropped to save memory; one job's rows, so
+#: no ``job``).
+SPAN_COLUMNS = ("rank", "step", "microbatch", "chunk", "op", "t_start", "t_end",
                 "optype")
-COLL_COLUMNS = ("job", "rank", "comm", "comm_rank", "comm_size", "seq", "op", "peer", "phase",
+COLL_COLUMNS = ("rank", "comm", "comm_rank", "comm_size", "seq", "op", "peer", "phase",
                 "t", "t_start")
+
+
+@dataclass(frozen=True)
+class WindowRows:
+    """The rows of one lazy window, to read again from the trace: ``span`` rows of steps
+    ``first..last`` with ``t_end <= span_until``, ``coll`` rows with ``coll_from <= t <=
+    coll_until`` (no lower bound when ``coll_from`` is None); each kind in replay order,
+    only the :data:`SPAN_COLUMNS` / :data:`COLL_COLUMNS`: what the buffering analyzer
+    would have held."""
+
+    first: int
+    last: int
+    coll_from: int | None
+    span_until: int
+    coll_until: int
+
+
+def _trim(parts: list[pa.Table], column: str, lo: int | None = None,
+          hi: int | None = None) -> list[pa.Table]:
+    """``parts`` without their rows whose ``column`` is below ``lo`` or above ``hi``; a
+    part wholly kept is not copied (the window's rows are held once, however many windows
+    share them). None of them kept: one empty part (its schema)."""
+    out = []
+    for part in parts:
+        mm = pc.min_max(part.column(column)).as_py()
+        if mm["max"] is None or (lo is not None and mm["max"] < lo) or (
+                hi is not None and mm["min"] > hi):
+            continue
+        keep = []
+        if lo is not None and mm["min"] < lo:
+            keep.append(pc.greater_equal(part.column(column), lo))
+        if hi is not None and mm["max"] > hi:
+            keep.append(pc.less_equal(part.column(column), hi))
+        for mask in keep:
+            part = part.filter(mask)
+        out.append(part)
+    return out or [parts[0].slice(0, 0)]
 
 
 class WhatIfAnalyzer:
@@ -388,10 +427,13 @@ class WhatIfAnalyzer:
     not the buffered rows: after ``restore`` the next result comes ``every_steps`` steps
     later. ``lazy`` (offline, where one result is kept): the windows are cut the same way
     but only one is analysed, by :meth:`finish`: the slowest (largest mean step time), where
-    a straggler costs most; its steps are in the result's ``window``."""
+    a straggler costs most; its steps are in the result's ``window``. With a ``reader`` as
+    well (offline, where the trace is on disk) no row is buffered: the chosen
+    :class:`WindowRows` are read again by it at :meth:`finish`."""
 
     def __init__(self, meta: JobMeta, every_steps: int = 10, window_steps: int | None = None,
-                 options: Options | None = None, lazy: bool = False) -> None:
+                 options: Options | None = None, lazy: bool = False,
+                 reader: Callable[[WindowRows], dict[str, pa.Table]] | None = None) -> None:
         if every_steps < 1:
             raise ValueError("every_steps must be >= 1")
         self.meta = meta
@@ -406,6 +448,10 @@ class WhatIfAnalyzer:
         self._window: dict[str, pa.Table] | None = None
         self._window_pace = 0.0
         self._window_steps = (0, 0)
+        self.reader = reader if lazy else None
+        self._rows: WindowRows | None = None  # the chosen window, to read again
+        #: the largest time seen per kind (``span``: ``t_end``, ``coll``: ``t``)
+        self._seen = {"span": -1, "coll": -1}
         self._span: list[pa.Table] = []
         self._coll: list[pa.Table] = []
         self._step_start: dict[int, int] = {}     # step -> earliest t seen (span rows, else
@@ -419,7 +465,12 @@ class WhatIfAnalyzer:
         span, coll = batch.get("span"), batch.get("coll")
         if span is not None and span.num_rows:
             span = span.select([c for c in span.column_names if c in SPAN_COLUMNS])
-            self._span.append(span)
+            self._seen["span"] = max(self._seen["span"],
+                                     int(pc.max(span.column("t_end")).as_py()))
+            if self.reader is None:
+                self._span.append(span)
+            elif not self._span:  # a mark that span rows came (steps count from them)
+                self._span.append(span.slice(0, 0))
             steps = np.asarray(span.column("step").to_numpy(), dtype=np.int64)
             t0 = np.asarray(span.column("t_start").to_numpy(), dtype=np.int64)
             uniq, inv = np.unique(steps, return_inverse=True)
@@ -429,7 +480,9 @@ class WhatIfAnalyzer:
                 self._step_start[s_] = min(t_, self._step_start.get(s_, t_))
         if coll is not None and coll.num_rows:
             coll = coll.select([c for c in coll.column_names if c in COLL_COLUMNS])
-            self._coll.append(coll)
+            self._seen["coll"] = max(self._seen["coll"], int(pc.max(coll.column("t")).as_py()))
+            if self.reader is None:
+                self._coll.append(coll)
         if coll is not None and coll.num_rows and not self._span:
             self._count_steps(coll)
         if not self._step_start:
@@ -462,25 +515,36 @@ class WhatIfAnalyzer:
         t_cut = min(self._step_start[s_] for s_ in keep) if keep else None
         for s_ in [s_ for s_ in self._step_start if s_ < first]:
             del self._step_start[s_]
-        tables: dict[str, pa.Table] = {}
-        if self._span:
-            span = pa.concat_tables(self._span, promote_options="permissive")
-            span = span.filter(pc.greater_equal(span.column("step"), first))
-            self._span = [span]
-            tables["span"] = span.filter(pc.less_equal(span.column("step"), completed))
-        if self._coll:
-            coll = pa.concat_tables(self._coll, promote_options="permissive")
-            if t_cut is not None:
-                coll = coll.filter(pc.greater_equal(coll.column("t"), t_cut))
-            self._coll = [coll]
-            tables["coll"] = coll
+        tables = self._window_tables(first, completed, t_cut)
         if self.lazy:
             pace = self._pace(first, completed)
-            if self._window is None or pace >= self._window_pace:
-                self._window, self._window_pace = tables, pace
+            if (self._window is None and self._rows is None) or pace >= self._window_pace:
+                self._window_pace = pace
                 self._window_steps = (first, completed)
+                if self.reader is None:
+                    self._window = tables
+                else:
+                    self._rows = WindowRows(first, completed, t_cut, self._seen["span"],
+                                            self._seen["coll"])
             return None
         return self._run(tables)
+
+    def _window_tables(self, first: int, completed: int, t_cut: int | None
+                       ) -> dict[str, pa.Table]:
+        """The buffered rows of steps ``first..completed`` (``coll``: from ``t_cut`` on);
+        the older ones are dropped. Nothing with a :attr:`reader` (no row is kept)."""
+        tables: dict[str, pa.Table] = {}
+        if self.reader is not None:
+            return tables
+        if self._span:
+            self._span = _trim(self._span, "step", lo=first)
+            tables["span"] = pa.concat_tables(_trim(self._span, "step", hi=completed),
+                                              promote_options="permissive")
+        if self._coll:
+            if t_cut is not None:
+                self._coll = _trim(self._coll, "t", lo=t_cut)
+            tables["coll"] = pa.concat_tables(self._coll, promote_options="permissive")
+        return tables
 
     def _pace(self, first: int, last: int) -> float:
         """Mean step time of steps ``first..last`` (from the step starts; 0 unknown)."""
@@ -493,6 +557,9 @@ class WhatIfAnalyzer:
     def finish(self) -> dict[str, Any] | None:
         """Lazy mode: the analysis of the last whole window (None: none, or it failed and
         :attr:`error` says why)."""
+        if self._rows is not None and self.reader is not None:
+            self._window = self.reader(self._rows)
+            self._rows = None
         if self._window is not None:
             tables, self._window = self._window, None
             if self._run(tables) is not None and self.result is not None:

@@ -120,12 +120,18 @@ def test_simulated_healthy(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert diag.anomalies == []
 
 
-def test_directory_replay_matches_the_in_memory_replay(tmp_path: Path) -> None:
+@pytest.mark.parametrize("piece_rows", [65_536, 97])
+def test_directory_replay_matches_the_in_memory_replay(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece_rows: int) -> None:
     """Row groups read as the replay reaches them give the same batches (and so the same
-    diagnosis) as the whole tables; rows out of order within and across row groups too."""
+    diagnosis) as the whole tables; rows out of order within and across row groups too,
+    and row groups in time order read in pieces (97 rows: many pieces per window)."""
     import pyarrow.parquet as pq
 
+    import failslow.engine.offline as offline
     from failslow.engine.offline import analyze_tables, replay_dir
+
+    monkeypatch.setattr(offline, "PIECE_ROWS", piece_rows)
     from failslow.replay import replay
     from failslow.tracedir import TraceDir
 
@@ -163,6 +169,28 @@ def test_large_trace_whatif_goes_on_over_a_sliding_window(
     assert windowed != whole  # a different (windowed) computation
     for result in (whole, windowed):
         assert result["slowdown"] > 1.1  # the straggler's slow-down shows in both
+
+
+def test_windowed_whatif_reads_its_window_again_with_the_buffered_rows_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, the windowed what-if keeps no rows: it reads the chosen window again from
+    the trace at the end. Its result is the one of the analyzer that buffered the rows
+    (the same window, the same rows, every field)."""
+    import failslow.engine.offline as an
+    from failslow.engine.analyzer import JobAnalyzer
+    from failslow.engine.runner import steps
+    from failslow.tracedir import TraceDir
+
+    assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(an, "WHATIF_MAX_ROWS", 100_000)
+    reread = analyze(tmp_path).whatif
+    td = TraceDir(tmp_path)
+    buffered = an.WhatIfInput(td.meta())
+    for step in steps(JobAnalyzer(td.meta()), an.replay_dir(td)):
+        buffered.add(step.batch)
+    assert buffered.windowed is not None and buffered.windowed.reader is None
+    assert reread is not None and reread.get("window") is not None
+    assert buffered.result() == reread
 
 
 def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
