@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from failslow import events
+from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.comms import infer_comm_kind
 from failslow.events import NULL_TIME, JobMeta
 
@@ -256,18 +256,11 @@ class SampleExtractor:
                  "rate": np.zeros(0), "ts": np.zeros(0, bool), "rnd": np.zeros(0, np.int64)}
         if coll.num_rows == 0:
             return empty
-        op = pc.fill_null(pc.index_in(coll.column("op"), value_set=pa.array(_OPS)), len(_OPS))
-        op = op.to_numpy(zero_copy_only=False).astype(np.int64)
-        rank = coll.column("rank").to_numpy().astype(np.int64)
-        comm = coll.column("comm").to_numpy().astype(np.uint64)
-        crank = coll.column("comm_rank").to_numpy().astype(np.int64)
-        csize = coll.column("comm_size").to_numpy().astype(np.int64)
-        seq = coll.column("seq").to_numpy().astype(np.int64)
-        nbytes = coll.column("bytes").to_numpy().astype(np.uint64).view(np.int64)
-        peer = coll.column("peer").to_numpy().astype(np.int64)
-        enter = pc.equal(coll.column("phase"), "enter").to_numpy(zero_copy_only=False)
-        t = coll.column("t").to_numpy().astype(np.int64)
-        t_start = pc.fill_null(coll.column("t_start"), NULL_TIME).to_numpy().astype(np.int64)
+        cols = coll_columns(coll)  # decoded once for all the detectors of the job
+        op = cols["op"]  # -1 when unknown: the last entry of _P2P and _RING (False)
+        rank, comm, crank, csize = cols["rank"], cols["comm"], cols["comm_rank"], cols["comm_size"]
+        seq, nbytes, peer = cols["seq"], cols["bytes"], cols["peer"]
+        enter, t, t_start = cols["is_enter"], cols["t"], cols["t_start"]
         p2p = _P2P[op]
         cidx = self.comms.learn(comm, crank, csize, rank, p2p)
         world = max(self.meta.world_size, int(rank.max()) + 1, 1)
