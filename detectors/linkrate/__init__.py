@@ -20,7 +20,7 @@ detector judges every link on its own:
    (1.5), is enough. Without them, coll timing decides.
 3. *Persistent*: of the last ``persist_windows`` judged windows, at least as many degraded as
    a healthy link would show with probability below ``alpha`` (binomial tail, chance 5% per
-   window; 4 of 6 by default): GC pauses and jitter do not persist on one link.
+   window; 3 of 4 by default): GC pauses and jitter do not persist on one link.
 4. *Localized*: a point-to-point pair is its own link. In a ring the slowest hop sets every
    member's time, so coll timing slows every hop of that ring: the hop is pinned by the
    queue condition (one hop's queue grew), or when all degraded hops cross one node pair

@@ -30,8 +30,9 @@ class LinkRateConfig:
     staging_s: float = 20.0
     #: persistence: of the last ``persist_windows`` judged windows of a link, enough must be
     #: degraded that a healthy link with ``chance`` per window would do so with probability
-    #: below ``alpha`` (binomial tail)
-    persist_windows: int = 6
+    #: below ``alpha`` (binomial tail): 3 of 4 by default (4.8e-4 by chance; 4 of 6 is
+    #: below alpha too, but one window later)
+    persist_windows: int = 4
     chance: float = 0.05
     alpha: float = 1e-3
     #: consecutive healthy windows that close a report

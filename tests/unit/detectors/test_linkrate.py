@@ -47,7 +47,8 @@ def _linkrate(diag: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_open_count_is_a_binomial_tail() -> None:
-    assert LinkRateConfig().open_count() == 4  # 4 of 6 windows at 5% chance < 1e-3
+    assert LinkRateConfig().open_count() == 3  # 3 of 4 windows at 5% chance < 1e-3
+    assert LinkRateConfig(persist_windows=6).open_count() == 4  # 4 of 6
     assert LinkRateConfig(alpha=0.05).open_count() == 2
 
 
