@@ -335,9 +335,10 @@ class AnomalyLifecycle:
         """A weak slow-down whose one-iteration windows are too short to name its root
         every time (CCL-D §4.2 takes the whole anomaly window): once ``halves_iterations``
         slow iterations passed without a persistent root, the two halves of the stretch
-        since the onset are localized on their own and must each name the same single
-        compute root, or the same slow link. A pause or a burst of noise fills one place
-        of the stretch, or names several ranks."""
+        since the onset are localized on their own and must each name the same compute root
+        first (and at most one other rank, kept when both name it), or the same slow link.
+        A pause or a burst of noise fills one place of the stretch, or names several
+        ranks."""
         c = self.config
         k = len(op.per_iter)
         if k < c.halves_iterations or k % 2:
@@ -352,8 +353,10 @@ class AnomalyLifecycle:
                 return None
             sigs.append(one["signature"])
         (comm1, ident1, roots1), (comm2, ident2, roots2) = sigs
-        if len(roots1) == 1 and roots1 == roots2:
-            return 0, False, [], list(roots1)
+        if roots1 and roots2 and roots1[0] == roots2[0] and max(len(roots1), len(roots2)) <= 2:
+            # the same strongest root in both halves, with the other ranks both name (a
+            # second slow rank); one named by one half only is noise there (a pause)
+            return 0, False, [], [r for r in roots1 if r in roots2]
         if comm1 and comm2 and ident1 and ident1 == ident2 and not roots1 and not roots2:
             return 0, True, list(ident1), []
         return None
