@@ -172,7 +172,13 @@ class WhatIfInput:
         if self.given_up:
             return None
         if self.windowed is not None:
-            self.windowed.finish()
+            try:
+                self.windowed.finish()  # offline, it reads its window again from the trace
+            except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
+                log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
+                            exc_info=True)
+                self.reason = f"failed: {type(e).__name__}: {e}"
+                return None
             if self.windowed.result is None:
                 self.reason = self.windowed.error or "no complete window of steps"
             return self.windowed.result
@@ -421,7 +427,11 @@ class _Pieces:
         assert source.pf is not None
         self.source = source
         self.offset = source.offsets[i]
-        t = source.pf.read_row_group(i, columns=[source.key]).column(0)
+        try:
+            t = source.pf.read_row_group(i, columns=[source.key]).column(0)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise events.ContractError(f"corrupt Parquet data in row group {i} ({e})",
+                                       source=str(source.path)) from None
         self.t = t.to_numpy() if not t.null_count else np.zeros(0, dtype=np.int64)
         self.pos = 0
         self.whole: pa.Table | None = None

@@ -213,6 +213,27 @@ def test_failing_windowed_whatif_does_not_stop_the_diagnosis(
                                 "reason": "failed: IndexError: index 0 is out of bounds"}]
 
 
+def test_windowed_whatif_whose_window_cannot_be_read_again_does_not_stop_the_diagnosis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the chosen window again at the end may fail (the trace changed on disk): the
+    anomalies are still reported, and the diagnosis says why there is no what-if."""
+    import failslow.engine.offline as an
+    from failslow.events import ContractError
+
+    assert cli.main(["simulate", "--preset", "default", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(an, "WHATIF_MAX_ROWS", 100_000)
+
+    def gone(td: object, rows: object) -> None:
+        raise ContractError("missing required column", source="coll.parquet", column="t")
+
+    monkeypatch.setattr(an, "read_window", gone)
+    diag = analyze(tmp_path)
+    assert diag.whatif is None
+    assert [(a.cause, a.ranks) for a in diag.anomalies] == [("compute", [21])]
+    assert [d["part"] for d in diag.incomplete] == ["whatif"]
+    assert diag.incomplete[0]["reason"].startswith("failed: ContractError")
+
+
 def test_cli_failure_is_one_line_and_the_traceback_comes_with_v(
         tmp_path: Path, straggler_job, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
         capsys: pytest.CaptureFixture[str]) -> None:
