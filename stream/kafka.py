@@ -141,6 +141,8 @@ class KafkaTransport(Transport):
         }
         self._listener: AssignmentListener | None = None
         self._paused = False
+        #: what :meth:`drained` last found missing ("" once drained)
+        self.drain_wait = "not asked yet"
         self._changes: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
         self._to_rewind: set[int] = set()  # assigned, not yet at their committed offsets
         self._closing = False
@@ -598,21 +600,31 @@ class KafkaTransport(Transport):
     def drained(self) -> bool:
         """Whether the consumer has joined its group, holds partitions of every subscribed
         topic and has read each of them up to its end offset (asked now): what a one-shot
-        reader (``notify --once``) waits for before it stops."""
+        reader (``notify --once``) waits for before it stops. While it has not,
+        :attr:`drain_wait` says what is missing."""
         consumer = self._consumer
         if consumer is None:
+            self.drain_wait = "no consumer yet (the broker was not reached)"
             return False
         try:
             assigned = list(consumer.assignment())
             names = {self.kafka_topic(t) for t in self._subscribed}
-            if not assigned or {tp.topic for tp in assigned} != names:
+            missing = sorted(names - {tp.topic for tp in assigned})
+            if not assigned or missing:
+                self.drain_wait = (f"no partitions of {', '.join(missing)} assigned yet "
+                                   f"({len(assigned)} assigned, group joins so far "
+                                   f"{self._counts['joins']})")
                 return False
             ends = consumer.end_offsets(assigned, timeout_ms=5000)
             at = kafka_compat.positions(consumer)
-            return all(at.get(tp) is not None and int(at[tp] or 0) >= int(ends.get(tp, 0))
-                       for tp in assigned)
+            behind = [f"{tp.topic}[{tp.partition}] at {at.get(tp)} of {ends.get(tp)}"
+                      for tp in assigned
+                      if at.get(tp) is None or int(at[tp] or 0) < int(ends.get(tp, 0))]
+            self.drain_wait = "behind: " + ", ".join(behind[:4]) if behind else ""
+            return not behind
         except Exception as e:  # noqa: BLE001 - not known yet: keep reading
             log.debug("kafka end offsets unknown: %s", e)
+            self.drain_wait = f"end offsets unknown: {type(e).__name__}: {e}"
             return False
 
     def caught_up(self, partition: int) -> bool | None:

@@ -151,9 +151,10 @@ def test_notify_over_sasl_ssl(secure: dict[str, str], tmp_path: Path,
         env = _env(secure, HOOK_URL=inbox.url, FAILSLOW_DATA_DIR=str(tmp_path))
         # --once returns as soon as it has read its partitions to the end; the longer
         # timeout only covers a TLS group join on a loaded CI machine
-        out = _cli(env, "notify", "--config", str(routes(tmp_path)), "--once",
+        # -v: the group's joins and assignments are in the failure message
+        out = _cli(env, "-v", "notify", "--config", str(routes(tmp_path)), "--once",
                    "--once-timeout", "120", "--topic-prefix", prefix, "--group", "n-" + prefix)
-        assert out.returncode == 0, out.stderr
+        assert out.returncode == 0, out.stderr[-4000:]
         assert "delivered=2" in out.stdout and len(inbox.bodies) == 2
     finally:
         inbox.server.shutdown()

@@ -149,6 +149,8 @@ def test_once_that_cannot_read_to_the_end_in_time_says_so(broker: Broker, tmp_pa
     assert out.returncode == 1, (out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.startswith("failslow notify")]
     assert len(lines) == 1 and "not read to their end within 5 s" in lines[0], out.stderr
+    # it says what was missing: the holder kept every partition of the group
+    assert f"no partitions of {prefix}" in lines[0], lines[0]
     assert "Traceback" not in out.stderr and inbox.bodies == []
 
 

@@ -127,7 +127,9 @@ def test_slow_link_named(slow_link_trace: Path) -> None:
     top = max(found, key=lambda a: a["slowdown"] or 0)
     assert (top["kind"], top["cause"], top["comm_kind"]) == ("slow", "communication", "dp"), top
     assert sorted(top["link"] or top["ranks"]) == [1, 5]
-    assert top["end_ns"] is None and 19 <= top["onset_iteration"] <= 21, top
+    # the 2-4x scheduling noise just before the onset can pull the change point up to two
+    # iterations early
+    assert top["end_ns"] is None and 18 <= top["onset_iteration"] <= 21, top
     assert top["slowdown"] > 2 * NOISE, top
     # nothing else: the ranks that wait on 1 and 5 (their TP and PP peers) are not named
     others = [a for a in found if a is not top and (a["slowdown"] or 0) > NOISE]
