@@ -80,24 +80,54 @@ def compute_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
     root must also be waited on more than before by its peers in some round: a host
     that blocks outside the library (an implicit barrier, a device synchronization) has
     longer gaps without making anyone wait (CCL-D: the slow rank is the one that enters
-    last)."""
+    last). In a pipeline, one rank nobody waits on more may still be a root when its
+    growth stands out (:func:`_absorbed`)."""
     c = config
     got = compute_excess(stats, win)
     if got is None:
         return None
     rw, excess = got
+    grown = dict(zip(rw.tolist(), excess.tolist(), strict=True))
+    standout: list[int] = []
     if graph is not None and graph.in_by:
         waited = np.array([sum(graph.in_by.get(int(r), {}).values()) for r in rw])
-        excess = np.where(waited > c.waited_share * win.lost, excess, 0.0)
+        is_waited = waited > c.waited_share * win.lost
+        if stats.meta.pp > 1:  # only a pipeline's bubbles absorb a rank's extra compute
+            standout = _absorbed(rw, excess, is_waited, c)
+        excess = np.where(is_waited, excess, 0.0)
     top = float(excess.max())
     hit = (excess >= c.compute_share) & (excess >= c.compute_top * top)
     n = int(hit.sum())
-    if n == 0:
-        return []
     if n > c.max_roots:
         return None
     order = np.argsort(-excess, kind="stable")
-    return [int(r) for r in rw[order[:_minor(excess[order], n, c)]]]
+    roots = [int(r) for r in rw[order[:_minor(excess[order], n, c)]]] if n else []
+    # strongest first, the absorbed straggler among them
+    return sorted(set(roots) | set(standout), key=lambda r: (-grown[r], r))
+
+
+def _absorbed(rw: np.ndarray, excess: np.ndarray, is_waited: np.ndarray,
+              config: SlowdownConfig) -> list[int]:
+    """The rank nobody waits on more whose own compute grew the most, as a root: a
+    straggler whose extra compute the schedule absorbs (a pipeline bubble, or a second
+    straggler that the job waits for instead). Only when its growth is at least
+    ``compute_share`` of the time lost and ``compute_top`` of the largest growth, and
+    stands out: ``minor_lead`` times that of every rank that is no root by its waits (a
+    host that blocks outside the library grows the gaps of every rank that waits, not
+    of one)."""
+    c = config
+    free = np.flatnonzero(~is_waited)
+    if len(rw) < 2 or len(free) == 0:
+        return []
+    cand = int(free[np.argmax(excess[free])])
+    top = float(excess.max())
+    if excess[cand] < max(c.compute_share, c.compute_top * top):
+        return []
+    waited_top = float(excess[is_waited].max()) if is_waited.any() else 0.0
+    root_by_waits = is_waited & (excess >= max(c.compute_share, c.compute_top * waited_top))
+    rest = np.delete(np.where(root_by_waits, 0.0, excess), cand)
+    nxt = float(rest.max()) if len(rest) else 0.0
+    return [int(rw[cand])] if excess[cand] >= c.minor_lead * max(nxt, 0.0) else []
 
 
 def _minor(ranked: np.ndarray, n: int, config: SlowdownConfig) -> int:

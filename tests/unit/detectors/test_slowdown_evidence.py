@@ -186,3 +186,29 @@ def test_streaming_with_restarts_matches_offline() -> None:
     assert {a["cause"] for a in offline} >= {"compute", "communication"}
     assert run(37_000_000) == offline
     assert run(250_000_000, restart_every=3) == offline
+
+
+def test_absorbed_straggler_is_a_root_only_when_it_stands_out() -> None:
+    """A rank nobody waits on more (its extra compute fits in a pipeline bubble, or the
+    job waits for a slower straggler instead) is named when its compute growth stands
+    out; ranks that all grow alike (hosts blocking outside the library) are not."""
+    from failslow.detectors.slowdown.compute import _absorbed
+    from failslow.detectors.slowdown.config import SlowdownConfig
+
+    c = SlowdownConfig()
+    rw = np.arange(6)
+
+    def named(excess: list[float], waited: list[bool]) -> list[int]:
+        return _absorbed(rw[:len(excess)], np.array(excess), np.array(waited), c)
+
+    # the job waits for rank 0; rank 1 grew 0.99 of the lost time, rank 2 (waited on as
+    # rank 0's pipeline peer) 0.16
+    assert named([1.7, 0.99, 0.16, 0.0, -0.1, -0.2], [True, False, True, False, False,
+                                                        False]) == [1]
+    # every rank that waits grows alike: nobody stands out
+    assert named([1.0, 0.9, 0.85, 0.8], [False] * 4) == []
+    # too small against the waited root
+    assert named([1.7, 0.4, 0.1], [True, False, False]) == []
+    # nobody waited on anyone, one rank grew three times more than the next
+    assert named([2.0, 0.3, 0.2], [False, False, False]) == [0]
+    assert named([2.0, 0.7, 0.2], [False, False, False]) == []
