@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     print(" ".join(f"{k}={v}" for k, v in stats.to_dict().items()))
     if isinstance(source, _UntilDrained) and source.timed_out:
         print(f"failslow notify: --once: the topics were not read to their end within "
-              f"{source.timeout:g} s ({getattr(transport, 'drain_wait', '') or 'unknown'}); "
+              f"{source.timeout:g} s ({transport.drain_wait or 'unknown'}); "
               f"what was read is delivered, the rest waits for the next run "
               f"(--once-timeout)",
               file=sys.stderr)
