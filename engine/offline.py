@@ -140,10 +140,7 @@ class WhatIfInput:
             try:
                 self.windowed.update(batch)
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
-                log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
-                            exc_info=True)
-                self.given_up = True
-                self.reason = f"failed: {type(e).__name__}: {e}"
+                self._failed(e)
             return
         for kind, columns in (("span", SPAN_COLUMNS), ("coll", COLL_COLUMNS)):
             table = batch.get(kind)
@@ -167,6 +164,13 @@ class WhatIfInput:
                 self.given_up = True
                 self.reason = str(e)
 
+    def _failed(self, e: Exception) -> None:
+        """The analysis raised: logged with its traceback, given up, and the reason kept
+        for ``diagnosis.incomplete``."""
+        log.warning("what-if analysis of job %s failed: %s", self.meta.job, e, exc_info=True)
+        self.given_up = True
+        self.reason = f"failed: {type(e).__name__}: {e}"
+
     def result(self) -> dict[str, Any] | None:
         """The ``whatif`` object, or None with :attr:`reason` saying why."""
         if self.given_up:
@@ -175,9 +179,7 @@ class WhatIfInput:
             try:
                 self.windowed.finish()  # offline, it reads its window again from the trace
             except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
-                log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
-                            exc_info=True)
-                self.reason = f"failed: {type(e).__name__}: {e}"
+                self._failed(e)
                 return None
             if self.windowed.result is None:
                 self.reason = self.windowed.error or "no complete window of steps"
@@ -191,9 +193,7 @@ class WhatIfInput:
         try:
             out = whatif(tables, self.meta, errors=errors)
         except Exception as e:  # noqa: BLE001 - what-if is optional; detection goes on
-            log.warning("what-if analysis of job %s failed: %s", self.meta.job, e,
-                        exc_info=True)
-            self.reason = f"failed: {type(e).__name__}: {e}"
+            self._failed(e)
             return None
         if out is None:
             self.reason = errors[0] if errors else "what-if analysis failed"
