@@ -138,15 +138,15 @@ class JobAnalyzer:
         derived: dict[str, pa.Table] = {}
         found: list[Anomaly] = []
         for wave in self._waves:
-            # the detectors of one wave read nothing the others derive or report: side by
-            # side on the engine's threads, their reports taken in registry order
+            # the tasks of one wave read nothing the others derive or report: side by side
+            # on the engine's threads, their reports taken in registry order
             calls: list[Callable[[], list[Anomaly]]] = [
-                partial(self._guard, name, partial(self.detectors[name].update, batch),
-                        list[Anomaly]()) for name in wave]
-            for name, reports in zip(wave, _run_all(calls), strict=True):
+                partial(self._guard, name, partial(self._task, name, step, batch),
+                        list[Anomaly]()) for name, step in wave]
+            for (name, step), reports in zip(wave, _run_all(calls), strict=True):
                 self._record(reports)
                 found += reports
-                if name in self.failed:
+                if name in self.failed or step != "update":
                     continue
                 for table_name, table in self.detectors[name].outputs().items():
                     batch[table_name] = derived[table_name] = table
@@ -158,6 +158,13 @@ class JobAnalyzer:
         rounds = derived.get("rounds", results.empty("rounds"))
         return Output(found, rounds, iterations, self._advise(iterations, found),
                       self.requester.requests(found))
+
+    def _task(self, name: str, step: str, batch: EventBatch) -> list[Anomaly]:
+        det = self.detectors[name]
+        if step == "prepare":
+            det.prepare(batch)  # type: ignore[attr-defined]
+            return []
+        return det.update(batch)
 
     def on_tick(self, now_ns: int) -> Output:
         found: list[Anomaly] = []
@@ -296,19 +303,25 @@ class JobAnalyzer:
             self.observed = np.unpackbits(bits)[:int(seen["n"])].astype(bool)
 
 
-def waves(detectors: dict[str, Detector]) -> list[list[str]]:
-    """The detectors, in registry order, cut into waves whose members may run side by side:
-    a detector starts a new wave when it reads a table one of the current wave derives, or
-    when it reads the other detectors' reports (``reads_reports``: the link-rate detector
-    does not repeat a link already named)."""
-    out: list[list[str]] = []
+def waves(detectors: dict[str, Detector]) -> list[list[tuple[str, str]]]:
+    """The detectors' tasks, in registry order, cut into waves whose members may run side
+    by side. A task is ``(name, "update")``, or ``(name, "prepare")`` for a detector that
+    reads the others' reports (``reads_reports``) and has a ``prepare(batch)`` step, which
+    reads only the batch's records (the link-rate detector's samples): that step runs in
+    the wave before its ``update``. An ``update`` starts a new wave when it reads a table
+    one of the current wave derives, or when it reads the other detectors' reports (the
+    link-rate detector does not repeat a link already named)."""
+    out: list[list[tuple[str, str]]] = []
     produced: set[str] = set()
     for name, det in detectors.items():
-        after = bool(getattr(det, "reads_reports", False)) or bool(produced & det.kinds)
+        reads_reports = bool(getattr(det, "reads_reports", False))
+        after = reads_reports or bool(produced & det.kinds)
+        if reads_reports and out and callable(getattr(det, "prepare", None)):
+            out[-1].append((name, "prepare"))
         if not out or after:
             out.append([])
             produced = set()
-        out[-1].append(name)
+        out[-1].append((name, "update"))
         produced |= set(det.produces)
     return out
 

@@ -346,11 +346,13 @@ class _Source:
             else:
                 self._read(self.groups[0][2])
         parts: list[pa.Table] = []
+        ends: list[tuple[int, int]] = []  # each part's first and last time
         runs: list[tuple[pa.Table, np.ndarray]] = []
         for table, t in self.runs:
             cut = int(np.searchsorted(t, until, side="right"))
             if cut:
                 parts.append(table.slice(0, cut))
+                ends.append((int(t[0]), int(t[cut - 1])))
             if cut < len(t):
                 runs.append((table.slice(cut), t[cut:]))
         self.runs = runs
@@ -359,6 +361,10 @@ class _Source:
         if len(parts) == 1:
             return parts[0]
         table = pa.concat_tables(parts, promote_options="permissive")
+        if all(ends[i][1] <= ends[i + 1][0] for i in range(len(ends) - 1)):
+            # consecutive pieces of a row group in time order: already merged (a stable
+            # sort would keep this order)
+            return table
         return table.take(pc.sort_indices(table, sort_keys=[(self.key, "ascending")]))
 
     def _open(self, i: int) -> Future[_Pieces]:

@@ -81,10 +81,29 @@ class LinkRateDetector:
         self.open: dict[str, dict[str, Any]] = {}  # key -> {"anomaly": dict, "links": [...]}
         self.deferred: dict[str, int] = {}  # key -> window its links first persisted
         self.next_id = 0
+        #: the batch ``prepare`` took the samples of (until ``update`` of that batch)
+        self._prepared: EventBatch | None = None
 
     # ------------------------------------------------------------------ protocol
 
+    def prepare(self, batch: EventBatch) -> None:
+        """The samples of the batch's ``coll`` and ``link`` records: the part of ``update``
+        that reads no other detector's tables or reports, so the engine runs it beside
+        them (:func:`failslow.engine.analyzer.waves`). ``update`` does it when it was not
+        done for the same batch."""
+        self._prepared = batch
+        coll = batch.get("coll")
+        if coll is not None and coll.num_rows:
+            self.max_t = max(self.max_t, int(pc.max(coll.column("t")).as_py()))
+            self.pending = _cat(self.pending, self.samples.update(coll))
+        link = batch.get("link")
+        if link is not None and link.num_rows:
+            self.qpending = _cat(self.qpending, self.queues.update(link))
+
     def update(self, batch: EventBatch) -> list[Anomaly]:
+        if self._prepared is not batch:
+            self.prepare(batch)
+        self._prepared = None
         iterations = batch.get("iterations")
         if iterations is not None and iterations.num_rows:
             job = iterations.filter(pc.equal(iterations.column("rank"), -1))
@@ -93,13 +112,6 @@ class LinkRateDetector:
                                  job.column("duration_ns").to_numpy().astype(np.int64)], axis=1)
                 it = np.concatenate([self.iters, rows])
                 self.iters = it[np.argsort(it[:, 0], kind="stable")][-4096:]
-        coll = batch.get("coll")
-        if coll is not None and coll.num_rows:
-            self.max_t = max(self.max_t, int(pc.max(coll.column("t")).as_py()))
-            self.pending = _cat(self.pending, self.samples.update(coll))
-        link = batch.get("link")
-        if link is not None and link.num_rows:
-            self.qpending = _cat(self.qpending, self.queues.update(link))
         if not self.width:
             self._fix_width()
             if not self.width:

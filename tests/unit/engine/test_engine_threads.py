@@ -14,8 +14,35 @@ def test_waves_follow_what_each_detector_reads() -> None:
     sim = simulate(scenario_from_dict({"preset": "healthy", "iterations": 2}), 0)
     analyzer = JobAnalyzer(sim.meta)
     # the slow-down detector reads the tracker's iterations; the hang detector nothing
-    # derived; the link-rate detector reads the reports of both
-    assert waves(analyzer.detectors) == [["iterations"], ["slowdown", "hang"], ["linkrate"]]
+    # derived; the link-rate detector reads the reports of both, and takes its samples
+    # from the records beside them
+    assert waves(analyzer.detectors) == [
+        [("iterations", "update")],
+        [("slowdown", "update"), ("hang", "update"), ("linkrate", "prepare")],
+        [("linkrate", "update")]]
+
+
+def test_the_link_rate_samples_taken_beside_the_others_change_nothing() -> None:
+    """The link-rate detector's ``prepare`` step is the first half of its ``update``: an
+    engine that runs it in the wave before and one that runs every ``update`` alone, one
+    after the other, end in the same state with the same reports."""
+    from failslow.replay import replay
+
+    # an absorbed PP link: the link-rate detector reports it (test_linkrate.py)
+    sim = simulate(scenario_from_dict({
+        "preset": "healthy", "iterations": 40, "timing": {"pp_bytes": 4 << 20},
+        "faults": [{"cause": "communication", "nodes": [4, 6], "start": 15,
+                    "duration": 20, "severity": 3.0}]}), 1)
+    ahead, serial = JobAnalyzer(sim.meta), JobAnalyzer(sim.meta)
+    serial._waves = [[(name, "update")] for name in serial.detectors]
+    for _, batch in replay(dict(sim.tables), 100_000_000):
+        ahead.update(batch)
+        serial.update(batch)
+        assert ahead.linkrate is not None and ahead.linkrate._prepared is None
+    assert serial.diagnosis().to_dict() == ahead.diagnosis().to_dict()
+    (found,) = ahead.diagnosis().anomalies
+    assert found.extra.get("absorbed") is True  # the link-rate detector's report
+    assert serial.linkrate.snapshot() == ahead.linkrate.snapshot()  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("preset", ["mixed", "hang-hardware"])
