@@ -120,7 +120,8 @@ class ProcessorSettings(BaseModel):
     #: mitigation planner action costs, ``S2=5,S3=60,S4=1800`` (seconds of training)
     planner_costs: str = ""
     #: threads that run one job's independent detectors side by side (numpy releases the
-    #: GIL in its sorts and reductions); 0: the machine's cores, at most 4; 1: none
+    #: GIL in its sorts and reductions); 0: the cores the process may run on (its CPU
+    #: affinity), at most 4; 1: none
     engine_threads: int = Field(default=0, ge=0)
 
 

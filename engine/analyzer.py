@@ -342,7 +342,11 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 def _threads() -> int:
     n = get_settings().processor.engine_threads
-    return n if n > 0 else min(4, os.cpu_count() or 1)
+    if n > 0:
+        return n
+    # the cores this process may run on (a processor pinned to one core gets no threads)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, cores or 1)
 
 
 def _run_all(calls: list[Callable[[], T]]) -> list[T]:

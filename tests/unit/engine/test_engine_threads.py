@@ -74,3 +74,23 @@ def test_a_forked_child_runs_the_engine_on_threads_of_its_own() -> None:
 
 def _diagnose(meta: object, tables: dict[str, object]) -> dict[str, object]:
     return run_analyzer(meta, tables).diagnosis().to_dict()  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="Linux only")
+def test_a_process_pinned_to_one_core_runs_its_detectors_on_one_thread() -> None:
+    """Threads on one core only take turns with the GIL: by default the engine counts the
+    cores the process may run on (``failslow bench pipeline`` pins its processor)."""
+    import os
+    import subprocess
+    import sys
+
+    pin = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+    threads = "from failslow.engine.analyzer import _threads; print(_threads())"
+    env = {k: v for k, v in os.environ.items() if k != "FAILSLOW_ENGINE_THREADS"}
+
+    def run(code: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60, check=True).stdout.strip()
+
+    assert run(pin + threads) == "1"
+    assert run(threads) == str(min(4, len(os.sched_getaffinity(0))))
