@@ -6,7 +6,9 @@ without new records (``on_notify``; hangs are found this way), and ``snapshot()`
 ``restore(state)`` so a restarted processor resumes without relearning baselines or
 re-reporting anomalies. It declares what it reads (``kinds``: record kinds of events.md and
 tables derived by detectors that run before it, such as ``iterations``) and what it derives
-(``produces``, returned by ``outputs()`` after each ``update``). The engine's registry
+(``produces``, returned by ``outputs()`` after each ``update``). A detector that reads the
+others' reports (``reads_reports``) may split off a ``prepare(batch)`` step that reads only
+the batch's records; the engine runs it beside the detectors before it. The engine's registry
 (:mod:`failslow.engine.registry`) lists every detector once, in the order their derived
 tables flow; one runner drives them online and offline.
 """
