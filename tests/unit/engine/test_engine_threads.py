@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from failslow.engine import analyzer as analyzer_module
 from failslow.engine.analyzer import JobAnalyzer, waves
 from failslow.engine.offline import run_analyzer
 from failslow.simulator import scenario_from_dict, simulate
@@ -22,7 +23,8 @@ def test_waves_follow_what_each_detector_reads() -> None:
         [("linkrate", "update")]]
 
 
-def test_the_link_rate_samples_taken_beside_the_others_change_nothing() -> None:
+def test_the_link_rate_samples_taken_beside_the_others_change_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The link-rate detector's ``prepare`` step is the first half of its ``update``: an
     engine that runs it in the wave before and one that runs every ``update`` alone, one
     after the other, end in the same state with the same reports."""
@@ -33,6 +35,8 @@ def test_the_link_rate_samples_taken_beside_the_others_change_nothing() -> None:
         "preset": "healthy", "iterations": 40, "timing": {"pp_bytes": 4 << 20},
         "faults": [{"cause": "communication", "nodes": [4, 6], "start": 15,
                     "duration": 20, "severity": 3.0}]}), 1)
+    monkeypatch.setattr(analyzer_module, "PARALLEL_MIN_ROWS", 0)  # every batch on threads
+    monkeypatch.setenv("FAILSLOW_ENGINE_THREADS", "2")
     ahead, serial = JobAnalyzer(sim.meta), JobAnalyzer(sim.meta)
     serial._waves = [[(name, "update")] for name in serial.detectors]
     for _, batch in replay(dict(sim.tables), 100_000_000):
@@ -51,6 +55,7 @@ def test_threads_give_the_diagnosis_of_one_thread(preset: str,
     sim = simulate(scenario_from_dict({"preset": preset}), 0)
     tables = {k: t for k, t in sim.tables.items()}
     got = {}
+    monkeypatch.setattr(analyzer_module, "PARALLEL_MIN_ROWS", 0)  # every batch on threads
     for threads in ("1", "2"):
         monkeypatch.setenv("FAILSLOW_ENGINE_THREADS", threads)
         got[threads] = run_analyzer(sim.meta, tables).diagnosis().to_dict()
@@ -58,10 +63,14 @@ def test_threads_give_the_diagnosis_of_one_thread(preset: str,
     assert got["2"] == got["1"]
 
 
-def test_a_forked_child_runs_the_engine_on_threads_of_its_own() -> None:
+def test_a_forked_child_runs_the_engine_on_threads_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The pool's threads do not survive a fork: a child that analyses after its parent
     did must not wait on them."""
     import multiprocessing as mp
+
+    monkeypatch.setattr(analyzer_module, "PARALLEL_MIN_ROWS", 0)  # every batch on threads
+    monkeypatch.setenv("FAILSLOW_ENGINE_THREADS", "2")
 
     sim = simulate(scenario_from_dict({"preset": "mixed", "iterations": 20}), 0)
     tables = {k: t for k, t in sim.tables.items()}
