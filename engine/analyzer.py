@@ -352,7 +352,7 @@ def _threads() -> int:
 
 #: ``coll`` rows of a batch below which its detectors run one after the other: the GIL
 #: makes threads pay only on large batches (a 256-rank job in 100 ms batches, about 7 k
-#: rows each, took 2.9 CPU s on threads against 2.1 s without; the 4096-rank ``large``
+#: rows each, took 2.9 CPU s on threads against 1.7 s on one; the 4096-rank ``large``
 #: preset, about 90 k rows a batch, gains wall time on them)
 PARALLEL_MIN_ROWS = 20_000
 
