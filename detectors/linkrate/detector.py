@@ -65,8 +65,6 @@ class LinkRateDetector:
         self.k_open = c.open_count()
         self.samples = SampleExtractor(meta, c.min_bytes, int(c.max_pending_s * 1e9))
         self.queues = QueueTracker()
-        self._queued = np.zeros(0, dtype=bool)  # per link: its ends' queue pairs sampled
-        self._queued_key = (0, 0)
         self.width = 0
         self.origin = 0
         self.next_w = 0
@@ -221,8 +219,7 @@ class LinkRateDetector:
         peer = np.where(ccnt[ci] >= c.min_peers, cmed[ci] / r, np.nan)
         base = lk["base"][links]
         own = base / r
-        thr = np.where(self._queued_links()[links], c.factor_with_queues, c.factor)
-        slow = (own >= thr) & (np.isnan(peer) | (peer >= thr))
+        slow = (own >= c.factor) & (np.isnan(peer) | (peer >= c.factor))
         healthy = ~slow & ~(own >= c.relief_factor)
         judged = ~np.isnan(base)
         jl = links[judged]
@@ -246,18 +243,6 @@ class LinkRateDetector:
         lk["base"][done] = np.median(lk["buf"][done], axis=1)
         return self._decide(w, hi, others)
 
-    def _queued_links(self) -> np.ndarray:
-        """Per link, whether a queue pair of one end towards the other's node is sampled
-        (recomputed when links or queue pairs were added)."""
-        rows, index = self.samples.links.rows, self.queues.index
-        if self._queued_key != (len(rows), len(index)):
-            node = self.meta.node_of
-            self._queued = np.array(
-                [bool(index) and ((a, node(b)) in index or (b, node(a)) in index)
-                 for _, a, b, _, _ in rows], dtype=bool)
-            self._queued_key = (len(rows), len(index))
-        return self._queued
-
     def _queue_window(self, w: int, lo: int, hi: int) -> None:
         qp = self.qpending
         sel = (qp["t"] > lo) & (qp["t"] <= hi)
@@ -277,20 +262,23 @@ class LinkRateDetector:
         q["bn"][learn] += 1
 
     def _queue_growth(self, lid: int, w: int) -> tuple[float, bool] | None:
-        """VCCL's queue condition for a link: over the last ``persist_windows`` windows, the
-        time-averaged in-flight work requests of its ends' queue pairs towards each other's
-        node against their baseline -- (largest growth, whether one grew); None when no
-        such queue pair was sampled (coll timing decides alone)."""
+        """VCCL's queue condition for a link: over its degraded windows among the last
+        ``persist_windows`` (not the healthy ones before its onset), the time-averaged
+        in-flight work requests of its ends' queue pairs towards each other's node against
+        their baseline -- (largest growth, whether one grew); None when no such queue pair
+        was sampled (coll timing decides alone)."""
         c, q = self.config, self.q
         if not self.queues.seen or not len(q["bn"]):
             return None
+        first = int(self.lk["bad_first"][lid])
+        onset = (first - self.origin) // self.width if first != NULL_TIME else w
         _, a, b, _, _ = self.samples.links.rows[lid]
         node = self.meta.node_of
         best: tuple[float, bool] | None = None
         for k in (self.queues.qp_of(a, node(b)), self.queues.qp_of(b, node(a))):
             if k < 0 or k >= len(q["bn"]) or q["bn"][k] < min(c.baseline_windows, 3):
                 continue
-            recent = q["rw"][k] > w - c.persist_windows
+            recent = (q["rw"][k] > w - c.persist_windows) & (q["rw"][k] >= onset)
             dt = float(q["rdt"][k][recent].sum())
             if dt <= 0:
                 continue
@@ -317,6 +305,10 @@ class LinkRateDetector:
         for key, unit in units.items():
             if key in self.open:
                 continue
+            grown = self._grow_open_ring(unit)
+            if grown is not None:
+                out.append(grown)
+                continue
             if self._covered(unit, others) is not None:
                 self.deferred.pop(key, None)
                 continue
@@ -342,7 +334,8 @@ class LinkRateDetector:
             a = Anomaly.from_dict(dict(rec["anomaly"]))
             by = self._covered({"nodes": a.extra.get("nodes"), "comm": a.comm,
                                 "start_ns": a.start_ns, "node_pairs": a.extra.get(
-                                    "candidate_nodes", [])}, others)
+                                    "candidate_nodes", []),
+                                "how": a.extra.get("localized_by")}, others)
             if by is None and not (lk["healthy"][links] >= c.close_windows).all():
                 continue
             end = int(lk["bad_last"][links].max())
@@ -386,11 +379,13 @@ class LinkRateDetector:
             queue = {x: self._queue_growth(x, w) for x in lids}
             for x, g in queue.items():
                 self.lk["qgrowth"][x] = np.nan if g is None else g[0]
-            # a link with queue pairs was judged against the smaller factor: below the
-            # coll-timing one, its queue must have grown too
+            # VCCL's queue condition: where a link's queue pairs are sampled, its queue must
+            # have grown too, unless coll timing alone shows a drop of
+            # ``factor_without_queue_growth`` (every hop of a slow ring is slower in coll
+            # timing; the queues single out the slow one)
             mean_drop = self.lk["bad_sum"] / np.maximum(self.lk["bad_n"], 1)
             lids = [x for x in lids if (g := queue[x]) is None or g[1]
-                    or mean_drop[x] >= self.config.factor]
+                    or mean_drop[x] >= self.config.factor_without_queue_growth]
             if not lids:
                 continue
             queued = any(g is not None for g in queue.values())
@@ -457,14 +452,20 @@ class LinkRateDetector:
         one of its node pairs, and overlapping it in time; else None. An anomaly that
         names no link but this unit's communicator covers it too: the slow-down detector
         already reports that ring's slowness with its candidate hops (a mixed slow-down's
-        late rank also makes another hop of its ring look slow)."""
+        late rank also makes another hop of its ring look slow); and so does a compute
+        anomaly naming a member of a ring no queue pinned (:meth:`_ring_members`)."""
         node = self.meta.node_of
         start = unit.get("start_ns") or 0
+        members = self._ring_members(unit)
         for o in others:
-            if o.id.startswith(ID_PREFIX) or o.kind != "slow" or o.cause not in (
-                    "communication", "mixed"):
+            if o.id.startswith(ID_PREFIX) or o.kind != "slow":
                 continue
             if o.end_ns is not None and o.end_ns < start:
+                continue
+            if o.cause == "compute" and members is not None and \
+                    not members.isdisjoint(o.ranks):
+                return o.id
+            if o.cause not in ("communication", "mixed"):
                 continue
             pair = sorted((node(o.link[0]), node(o.link[1]))) if o.link else None
             if unit.get("nodes") and pair == unit["nodes"]:
@@ -476,6 +477,39 @@ class LinkRateDetector:
                         "candidate_nodes", [])))):
                 return o.id
         return None
+
+    def _grow_open_ring(self, unit: dict[str, Any]) -> Anomaly | None:
+        """A ring's hops that turn persistent after the ring was reported without a link
+        are the same fault (the slowest hop slows them all; which hop crosses the count
+        first is chance), not a second one pinned by its timing: they join that report,
+        which is reported again with its hops and ranks grown (same id). None when the
+        unit's communicator has no such open report, or when a queue pinned the unit."""
+        if unit["how"] == "queue":
+            return None
+        rec = next((r for r in self.open.values() if r["anomaly"]["link"] is None
+                    and r["anomaly"]["comm"] == unit["comm"]), None)
+        if rec is None:
+            return None
+        rows, node = self.samples.links.rows, self.meta.node_of
+        rec["links"] = sorted(set(rec["links"]) | set(unit["links"] + unit["starved"]))
+        a = rec["anomaly"]
+        hops = sorted({(int(x), int(y)) for x, y in a["links"]}
+                      | {(int(rows[x][1]), int(rows[x][2])) for x in unit["links"]})
+        a["links"] = a["link_candidates"] = [list(h) for h in hops]
+        a["ranks"] = sorted({r for h in hops for r in h})
+        a["candidate_nodes"] = sorted({tuple(sorted((node(x), node(y)))) for x, y in hops})
+        a["candidate_nodes"] = [list(p) for p in a["candidate_nodes"]]
+        return Anomaly.from_dict(dict(a))
+
+    def _ring_members(self, unit: dict[str, Any]) -> set[int] | None:
+        """The members of a ring unit that no grown queue pinned (a slow GPU slows its own
+        ring's transfers: every hop of it is slower in coll timing, CCL-D §4.2), else None.
+        A compute anomaly of another detector naming one of them covers the unit; a slow
+        link next to that rank is the slow-down detector's mixed cause."""
+        ci = self.samples.comms.index.get(int(unit.get("comm") or 0))
+        if ci is None or self.samples.comms.p2p[ci] or unit.get("how") == "queue":
+            return None
+        return {int(r) for r in self.samples.comms.members[ci].tolist() if r >= 0}
 
     def _cost(self, start: int, end: int | None) -> tuple[float | None, float | None]:
         """The job's iteration-time ratio since ``start`` (to ``end``) over the iterations
