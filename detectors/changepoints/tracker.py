@@ -97,7 +97,9 @@ class ChangeTracker:
     that are closed. The first index of a new level is the CUSUM split between the two
     levels (values clipped to them, so a lone spike does not pull it), moved to an adjacent
     BOCD (or sliding-window) candidate. Speed-ups while healthy (the end of warm-up)
-    re-learn the baseline.
+    re-learn the baseline. After a relief back to the baseline, the healthy values from
+    before the closed slow-down stay in the reference (``prev_ref``), so a fault that
+    follows soon is confirmed as fast as the first one was.
     """
 
     def __init__(self, config: ChangeConfig | None = None) -> None:
@@ -112,6 +114,10 @@ class ChangeTracker:
         self.bocd = BOCD(self.config.bocd)
         self.allow_further = True  # the caller may hold further onsets back
         self.min_start = 0  # first index a new level may start at (after a reject)
+        # the healthy values before the last closed slow-down (at most ``baseline_window``):
+        # the job is back at that baseline, so they stay part of the reference
+        self.prev_ref: list[float] = []
+        self._prev_undo: list[float] = []  # prev_ref before the last relief
 
     # ------------------------------------------------------------------ caller's verdicts
 
@@ -123,6 +129,12 @@ class ChangeTracker:
             self.levels.pop()
             self.candidates.clear()
             self.min_start = self.n  # the evidence of a new onset must be new values
+
+    def keep_segment(self, seg_start: int) -> None:
+        """The slow level just closed was never confirmed by the caller: its values stay in
+        the healthy segment from ``seg_start`` (undoes the relief's new segment)."""
+        self.seg_start = seg_start
+        self.prev_ref = list(self._prev_undo)
 
     def merge_top(self) -> None:
         """The top level is the same slow-down as the one below it, grown worse: fold it
@@ -164,9 +176,27 @@ class ChangeTracker:
         return med, 1.4826 * float(np.median(np.abs(seg - med))) / med
 
     def _baseline_level(self, hi: int) -> tuple[float, float]:
-        """Median and robust relative sigma of the healthy segment before ``hi``."""
+        """Median and robust relative sigma of the healthy reference before ``hi``."""
+        return self._stats(self._reference(hi))
+
+    def _reference(self, hi: int) -> np.ndarray:
+        """The healthy values before ``hi``: the current segment's last ``baseline_window``,
+        topped up with the healthy values from before the last closed slow-down."""
         c = self.config
-        return self._stats(self._slice(max(self.seg_start, hi - c.baseline_window), hi))
+        cur = self._slice(max(self.seg_start, hi - c.baseline_window), hi)
+        short = c.baseline_window - len(cur)
+        if short > 0 and self.prev_ref:
+            return np.concatenate([np.asarray(self.prev_ref[-short:]), cur])
+        return cur
+
+    def _reference_ok(self, hi: int) -> bool:
+        """Enough healthy values before ``hi`` to test an onset against: ``min_baseline``
+        in the current segment, or ``min_after`` there (the job is back at its baseline)
+        and ``min_baseline`` with the values from before the last closed slow-down."""
+        c = self.config
+        seg = hi - self.seg_start
+        return seg >= c.min_baseline or (
+            seg >= c.min_after and seg + len(self.prev_ref) >= c.min_baseline)
 
     # ------------------------------------------------------------------ stream
 
@@ -229,7 +259,7 @@ class ChangeTracker:
 
     def _check_onset(self, i: int) -> list[Change]:
         c = self.config
-        if i - c.min_after + 1 - self.seg_start < c.min_baseline:
+        if not self._reference_ok(i - c.min_after + 1):
             return []
         self.baseline, self.sigma = self._baseline_level(i - c.min_after + 1)
         # speed-up (e.g. the end of warm-up): re-learn the baseline from the faster level,
@@ -242,15 +272,15 @@ class ChangeTracker:
             ref = self._slice(max(self.seg_start, hi - c.baseline_window), hi)
             if self._test_up(ref, self._slice(hi, i + 1), down=True)[0]:
                 self.seg_start = hi
+                self.prev_ref = []
                 self.candidates.clear()
                 self.baseline, self.sigma = self._baseline_level(i + 1)
                 return []
         for n in range(c.min_after, c.max_after + 1):
             hi = i - n + 1
-            if hi - self.seg_start < c.min_baseline or hi < self.min_start:
+            if not self._reference_ok(hi) or hi < self.min_start:
                 return []
-            ref = self._slice(max(self.seg_start, hi - c.baseline_window), hi)
-            ok, base, sigma = self._test_up(ref, self._slice(hi, i + 1))
+            ok, base, sigma = self._test_up(self._reference(hi), self._slice(hi, i + 1))
             if ok:
                 self.baseline, self.sigma = base, sigma
                 return [self._open(i, n, base, max(self.seg_start + 1, self.offset,
@@ -311,12 +341,16 @@ class ChangeTracker:
                 return []
         closed = len(self.levels) - target
         upper = self.levels[target]
+        first_start = self.levels[0].start
         lower = refs[target]
         start = self._split(i, n, lower, refs[target + 1], max(upper.start + 1, self.offset),
                             slow=False)
         level = float(np.median(self._slice(start, i + 1)))
         del self.levels[target:]
         if not self.levels:
+            self._prev_undo = list(self.prev_ref)
+            before = self._slice(self.seg_start, first_start).tolist()
+            self.prev_ref = (self.prev_ref + before)[-c.baseline_window:]
             self.seg_start = start
         else:
             self.levels[-1].seg = start
@@ -348,7 +382,8 @@ class ChangeTracker:
                 "baseline": None if math.isnan(self.baseline) else self.baseline,
                 "sigma": self.sigma, "levels": [asdict(lv) for lv in self.levels],
                 "candidates": list(self.candidates), "bocd": self.bocd.snapshot(),
-                "allow_further": self.allow_further, "min_start": self.min_start}
+                "allow_further": self.allow_further, "min_start": self.min_start,
+                "prev_ref": list(self.prev_ref), "prev_undo": list(self._prev_undo)}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.values = [float(v) for v in state["values"]]
@@ -361,3 +396,5 @@ class ChangeTracker:
         self.bocd.restore(state["bocd"])
         self.allow_further = bool(state.get("allow_further", True))
         self.min_start = int(state.get("min_start", 0))
+        self.prev_ref = [float(v) for v in state.get("prev_ref", [])]
+        self._prev_undo = [float(v) for v in state.get("prev_undo", [])]

@@ -408,7 +408,7 @@ class AnomalyLifecycle:
             if op.state != "open":
                 if not self.levels:
                     # never confirmed: its values stay in the healthy segment (as a reject)
-                    self.change.seg_start = op.seg_before
+                    self.change.keep_segment(op.seg_before)
                 # the stretch was judged (no persistent root) and is over: a new onset must
                 # be new evidence, not the same transient burst proposed again
                 self.change.min_start = max(self.change.min_start, int(ch.index))

@@ -158,6 +158,29 @@ def test_second_slowdown_during_an_open_one_is_its_own_level() -> None:
     assert 73 <= changes[-1].index <= 77
 
 
+def test_a_slowdown_soon_after_a_relief_is_tested_against_the_earlier_baseline() -> None:
+    """A second fault four iterations after the first ended (a straggler, then a link): the
+    job is back at its baseline, so the healthy values from before the first stay part of
+    the reference and the second is confirmed on two slow iterations, not after
+    ``min_baseline`` new healthy ones."""
+    x = _steps([(1.0, 30), (1.5, 10), (1.0, 4), (1.4, 10), (1.0, 10)], seed=7)
+    tr = ChangeTracker()
+    changes = [c for v in x for c in tr.push(float(v))]
+    assert [c.kind for c in changes] == ["onset", "relief", "onset", "relief"]
+    second = changes[2]
+    assert second.index == 44 and second.detected_index - second.index <= 2
+    assert abs(second.ratio - 1.4) < 0.05
+
+
+def test_an_unconfirmed_level_keeps_its_values_in_the_healthy_segment() -> None:
+    tr = ChangeTracker()
+    for v in _steps([(1.0, 30), (1.4, 6), (1.0, 3)], seed=8):
+        tr.push(float(v))
+    assert tr.state == "normal" and tr.seg_start > 30 and len(tr.prev_ref) == 30
+    tr.keep_segment(0)  # the caller never confirmed the level: undo the new segment
+    assert tr.seg_start == 0 and tr.prev_ref == []
+
+
 def test_reject_returns_to_the_baseline_and_merge_folds_a_level() -> None:
     tr = ChangeTracker()
     for v in _steps([(1.0, 30), (1.4, 5)], seed=6):
