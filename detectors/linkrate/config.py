@@ -12,9 +12,8 @@ class LinkRateConfig:
     VCCL's queue condition). A window is one job iteration long (its baseline duration)."""
 
     #: a link is degraded when its rate is this many times lower than its own baseline
-    #: and than its peers' median: MEGATRACE §III-B's 20% bandwidth drop (1 / 0.8). On the
-    #: held-out generator's healthy links the persistent ratio (3 of 4 windows) stays
-    #: under 1.14 (99.9% under 1.07), so persistence, not a larger drop, keeps jitter out
+    #: and than its peers' median: MEGATRACE §III-B's 20% bandwidth drop (1 / 0.8);
+    #: persistence (below), not a larger drop, keeps jitter out
     factor: float = 1.25
     #: with ``link`` rows at the link's ends, VCCL's queue condition must hold too (a queue
     #: pair of one end towards the other's node filled) unless the drop in coll timing

@@ -497,8 +497,8 @@ class LinkRateDetector:
                       | {(int(rows[x][1]), int(rows[x][2])) for x in unit["links"]})
         a["links"] = a["link_candidates"] = [list(h) for h in hops]
         a["ranks"] = sorted({r for h in hops for r in h})
-        a["candidate_nodes"] = sorted({tuple(sorted((node(x), node(y)))) for x, y in hops})
-        a["candidate_nodes"] = [list(p) for p in a["candidate_nodes"]]
+        a["candidate_nodes"] = [list(p) for p in sorted(
+            {tuple(sorted((node(x), node(y)))) for x, y in hops})]
         return Anomaly.from_dict(dict(a))
 
     def _ring_members(self, unit: dict[str, Any]) -> set[int] | None:
