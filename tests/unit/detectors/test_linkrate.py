@@ -81,7 +81,7 @@ def test_a_20_percent_drop_is_reported_and_the_queue_pins_the_hop(link_rows: boo
     found = _linkrate(run_analyzer(meta, tables).diagnosis().to_dict())
     assert len(found) == 1, found
     a = found[0]
-    assert 1.4 <= a["link_slowdown"] < 1.8 and a["severity"] == "info"
+    assert 1.5 <= a["link_slowdown"] < 1.8 and a["severity"] == "info"
     if not link_rows:
         assert a["link"] is None and {36, 40} <= set(a["ranks"]) and a["why_no_link"]
         return
