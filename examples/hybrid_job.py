@@ -466,14 +466,18 @@ def _run(out: str | Path, *, iters: int, microbatches: int, hidden: int, ffn: in
     ranks_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     ranks_cpu_s = ranks_cpu.ru_utime + ranks_cpu.ru_stime - children_cpu0
     diagnosis = None
-    if live is not None:  # the rows still in the rings, the probes still running
-        deadline = time.monotonic() + 5.0
+    # the rows still in the rings, the probes still running (each has a row in the trace
+    # and in the counts)
+    deadline = time.monotonic() + 5.0
+    _poll_once(agent, live, job)
+    if agent.probes is not None:
+        agent.probes.stop_requests()
+    while agent.probes is not None and not agent.probes.idle() \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
         _poll_once(agent, live, job)
-        while agent.probes is not None and not agent.probes.idle() \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-            _poll_once(agent, live, job)
-        _poll_once(agent, live, job)
+    _poll_once(agent, live, job)
+    if live is not None:
         d = live.diagnosis()
         diagnosis = None if d is None else d.to_dict()
         live.close()

@@ -33,6 +33,7 @@ __all__ = ["TokenBucket", "BusyTracker", "ProbeRunner", "ProbeService", "Request
 log = logging.getLogger(__name__)
 
 BUSY_DETAIL = "rank busy in a collective"
+STOPPING_DETAIL = "the agent stopped before the probe ran"
 
 
 class TokenBucket:
@@ -160,6 +161,11 @@ class ProbeRunner:
             if peers:
                 return int(statistics.median(peers))
         return None
+
+    def cancel(self, request: ProbeRequest, detail: str) -> dict[str, Any]:
+        """The ``skipped`` row of a request that will not run (the agent is stopping)."""
+        self.counts["skipped"] += 1
+        return make_row(request, self.node, "skipped", 0, detail=detail)
 
     def run(self, request: ProbeRequest) -> dict[str, Any]:
         """One request -> its ``probe`` row (never raises)."""
@@ -297,14 +303,37 @@ class ProbeService:
                 self.submit(request)
         return self.take_rows()
 
+    def stop_requests(self) -> None:
+        """Take no new requests (the job ended); those taken still run."""
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
     def idle(self) -> bool:
         """Nothing queued or running."""
         with self._lock:
             return self._inflight == 0
 
     def close(self, timeout: float = 5.0) -> None:
+        """Stop: requests still queued are answered ``skipped`` at once, the one running
+        finishes (its deadline bounds it) within ``timeout``; :meth:`take_rows` then has a
+        row for every request (a probe still running after ``timeout`` is logged)."""
+        cancelled = []
+        while True:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is not None:
+                cancelled.append(self.runner.cancel(request, STOPPING_DETAIL))
+        with self._lock:
+            self._rows.extend(cancelled)
+            self._inflight -= len(cancelled)
         self._queue.put(None)
         self._worker.join(timeout)
+        if self._worker.is_alive():
+            log.warning("a probe still runs %.0f s after the agent stopped: its row is lost",
+                        timeout)
         if self.source is not None:
             self.source.close()
         for c in self._closers:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from failslow.collectors.probes import (
     RttProbe,
 )
 from failslow.collectors.probes.p2p import resolver
-from failslow.collectors.probes.runner import BUSY_DETAIL, rows_table
+from failslow.collectors.probes.runner import BUSY_DETAIL, STOPPING_DETAIL, rows_table
 from failslow.diagnosis import Anomaly
 from failslow.engine.probes import (
     SLOW_FACTOR,
@@ -293,6 +294,43 @@ def test_agent_runs_requests_for_its_node_and_sees_busy_ranks(
     probe = TraceDir(out).read("probe").to_pylist()
     assert sorted((r["peer"], r["status"]) for r in probe) == [(1, "ok"), (2, "ok")]
     assert {r["node"] for r in probe} == {"n0"}
+
+
+def test_a_stopping_agent_answers_every_request_it_took(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing the service while a probe waits for its rank: the requests still queued get
+    a ``skipped`` row at once (the agent does not wait for them to run), the running one
+    finishes, and every request has exactly one row and one count."""
+    gate, started = threading.Event(), threading.Event()
+
+    def busy(rank: int) -> bool:  # the first request waits here until the close began
+        started.set()
+        gate.wait(60)
+        return False
+
+    runner = ProbeRunner("n0", {"gemm": GemmProbe(n=16, repeats=1, device="cpu")},
+                         jobs={"j"}, busy=busy)
+    service = ProbeService("n0", None, runner)
+    requests = [ProbeRequest(f"a{i}/gemm/{i}/-1/suspect", "j", "gemm", i) for i in range(4)]
+    for r in requests:
+        assert service.submit(r)
+    assert started.wait(60) and not service.idle()
+    cancel = runner.cancel
+
+    def cancel_then_release(request: ProbeRequest, detail: str) -> dict[str, object]:
+        row = cancel(request, detail)
+        gate.set()
+        return row
+
+    monkeypatch.setattr(runner, "cancel", cancel_then_release)
+    service.close(timeout=60)
+    rows = [x for _, batch in service.take_rows() for x in batch["probe"].to_pylist()]
+    assert sorted(x["request"] for x in rows) == sorted(r.id for r in requests)
+    stopped = [x for x in rows if x["detail"] == STOPPING_DETAIL]
+    assert [x["rank"] for x in stopped] == [1, 2, 3]
+    assert all(x["status"] == "skipped" for x in stopped)
+    assert runner.counts == {"ok": 1, "timeout": 0, "failed": 0, "skipped": 3}
+    assert service.idle()
 
 
 def test_request_json_round_trip_and_bad_input() -> None:
