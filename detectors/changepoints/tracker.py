@@ -58,6 +58,10 @@ class ChangeConfig:
     min_baseline: int = 5  # iterations of baseline before an onset can be declared
     min_after: int = 2  # fewest values of the new level that confirm a change ...
     max_after: int = 12  # ... and most (noisy jobs need more)
+    # a tail whose newest value's excess over the reference is this many times the largest
+    # excess of the others mixes two levels (mild noise, then a far larger step): it does
+    # not confirm; the next iteration tells the step (confirmed on its own) from a spike
+    jump_k: float = 4.0
     baseline_window: int = 50  # the baseline is the median of at most this many values
     history: int = 512  # values kept
     window: int = 3  # sliding-window detector: w
@@ -257,6 +261,15 @@ class ChangeTracker:
             return level_ok and chance <= c.alpha, med, sigma
         return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
 
+    def _jump_at_end(self, tail: np.ndarray, ref_level: float) -> bool:
+        """The newest value of a confirming tail (of more than ``min_after`` values) is of
+        another level than all the others (``jump_k``): mild noise before a far larger step
+        would otherwise open a level at the noise, measured at the noise's height."""
+        if len(tail) <= self.config.min_after:
+            return False
+        rest = max(float(tail[:-1].max()) - ref_level, 0.0)
+        return float(tail[-1]) - ref_level > self.config.jump_k * rest
+
     def _check_onset(self, i: int) -> list[Change]:
         c = self.config
         if not self._reference_ok(i - c.min_after + 1):
@@ -280,7 +293,10 @@ class ChangeTracker:
             hi = i - n + 1
             if not self._reference_ok(hi) or hi < self.min_start:
                 return []
-            ok, base, sigma = self._test_up(self._reference(hi), self._slice(hi, i + 1))
+            tail = self._slice(hi, i + 1)
+            ok, base, sigma = self._test_up(self._reference(hi), tail)
+            if ok and self._jump_at_end(tail, base):
+                return []
             if ok:
                 self.baseline, self.sigma = base, sigma
                 return [self._open(i, n, base, max(self.seg_start + 1, self.offset,
@@ -298,7 +314,10 @@ class ChangeTracker:
             if hi - first < c.min_baseline:
                 return []
             ref = self._slice(max(first, hi - c.baseline_window), hi)
-            ok, ref_level, _ = self._test_up(ref, self._slice(hi, i + 1))
+            tail = self._slice(hi, i + 1)
+            ok, ref_level, _ = self._test_up(ref, tail)
+            if ok and self._jump_at_end(tail, ref_level):
+                return []
             if ok:
                 top.level = ref_level
                 return [self._open(i, n, ref_level, first)]

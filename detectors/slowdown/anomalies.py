@@ -103,6 +103,11 @@ class AnomalyLifecycle:
                 self._drop(op)
             return []
         first, comm_ok, nodes, roots = found
+        # the root may appear some iterations after the level's onset: the anomaly is the
+        # stretch from there on (its start is refined from there)
+        a = self.timeline.pos(op.onset_pos + first)
+        op.anomaly["onset_iteration"] = int(self.timeline.iters[a][0])
+        op.anomaly["start_ns"] = int(self.timeline.iters[a][1])
         win = self._window(op, op.onset_pos + first, self.timeline.horizon)
         # a slow link's end may compute slowly too although no iteration alone showed it
         # (a once-per-iteration sync in every other iteration's window): the whole window
@@ -136,23 +141,22 @@ class AnomalyLifecycle:
                                                      or link["P"] <= c.beta):
                 extra.append({k: v for k, v in link.items() if k not in INTERNAL_FIELDS})
         depth = self.levels.index(op)
-        if depth > 0 and self._same(self.levels[depth - 1], loc):
-            # the open anomaly grew worse: one fault, one anomaly
+        if depth > 0 and self._same(self.levels[depth - 1], loc) and \
+                not self._far_worse(op, self.levels[depth - 1]):
+            # the open anomaly grew worse: one fault, one anomaly, reported again (same id)
             lower = self.levels[depth - 1]
-            lower.anomaly["slowdown"] = max(float(lower.anomaly["slowdown"] or 0.0),
-                                            float(op.anomaly["slowdown"] or 0.0))
+            before = float(lower.anomaly["slowdown"] or 0.0)
+            lower.anomaly["slowdown"] = max(before, float(op.anomaly["slowdown"] or 0.0))
             self.levels.remove(op)
             self.change.merge_top()
-            return []
+            grew = lower.state == "open" and lower.anomaly["slowdown"] > before
+            return [_anomaly(lower.anomaly)] if grew else []
         op.signature = loc["signature"]
         op.first = first
         op.anomaly.update({k: v for k, v in loc.items()
                            if k not in INTERNAL_FIELDS})
         if first:
-            # the root appeared some iterations after the level's onset: the anomaly is
-            # the stretch from there on
             a = self.timeline.pos(op.onset_pos + first)
-            op.anomaly["onset_iteration"] = int(self.timeline.iters[a][0])
             durs = [d for _, t0, d in self.timeline.iters[a:] if t0 + d <= self.timeline.horizon]
             if durs and op.healthy_ns > 0:
                 op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
@@ -205,11 +209,20 @@ class AnomalyLifecycle:
                                else None)
             a += 1
         k = len(op.per_iter)
+        a0 = self.timeline.pos(op.onset_pos)
+        durs = np.array([d for _, _, d in self.timeline.iters[a0:a0 + k]], dtype=float)
 
         # the chance that a given rank is among an iteration's compute roots by accident:
         # the share of the ranks that iteration named (noise names many ranks at once)
         world = max(self.meta.world_size, 1)
         chance = [min(len(sig[2]) / world, 1.0) if sig else 0.0 for sig in op.per_iter]
+
+        def at_level(i: int, s0: int) -> bool:
+            """Iteration ``i`` is slow at the level of the stretch from ``s0`` on: its
+            excess over the healthy time is at least ``level_share`` of the stretch's
+            median excess (not a mild noisy iteration before a far stronger fault)."""
+            level = float(np.median(durs[s0:])) - op.healthy_ns
+            return bool(durs[i] - op.healthy_ns >= c.level_share * level)
 
         def stretch(member: list[bool | None], by_chance: bool = False) -> int | None:
             """Earliest start of a persistent trailing stretch (None: none); iterations
@@ -221,7 +234,9 @@ class AnomalyLifecycle:
             for j, s0 in enumerate(known):
                 if max_start is not None and s0 > max_start:
                     break
-                if not member[s0]:
+                # its first hit is at its level, or only partly slow (the next one is)
+                if not member[s0] or not (at_level(s0, s0) or (
+                        s0 + 1 < k and at_level(s0 + 1, s0))):
                     continue
                 rest = known[j:]
                 hits = sum(1 for i in rest if member[i])
@@ -231,8 +246,12 @@ class AnomalyLifecycle:
                 if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
                         not by_chance or world * _persistence_chance(
                             [chance[i] for i in rest], hits) <= c.persist_alpha):
-                    # uninformative iterations just before it belong to the stretch
-                    return known[j - 1] + 1 if j else 0
+                    # uninformative iterations just before it belong to the stretch, from
+                    # the first one at its level
+                    start = known[j - 1] + 1 if j else 0
+                    while start < s0 and not at_level(start, s0):
+                        start += 1
+                    return start
             return None
 
         starts: list[int] = []
@@ -397,7 +416,20 @@ class AnomalyLifecycle:
             self.levels.pop()
             self.change.reject()
 
+    def _far_worse(self, op: SlowLevel, lower: SlowLevel) -> bool:
+        """``op``'s iterations are ``worse_factor`` times as slow as the open ``lower``'s: a new
+        event on the same root or link (a degraded link that then fails hard; or noise
+        that happened to name it before the fault), reported with its own onset."""
+        a, b = op.anomaly.get("slowdown"), lower.anomaly.get("slowdown")
+        return bool(a and b and float(a) >= self.config.worse_factor * float(b))
+
     def _same(self, a: SlowLevel, loc: dict[str, Any]) -> bool:
+        """``loc`` names the fault of level ``a``: their signatures agree and, when both
+        name a link, it is the same link (two links between the same two nodes, as on
+        rail-optimized NICs, are two faults)."""
+        mine, theirs = a.anomaly.get("link"), loc.get("link")
+        if mine and theirs and sorted(mine) != sorted(theirs):
+            return False
         return bool(a.signature) and _agree(a.signature, loc["signature"])
 
     def _relief(self, ch: Change) -> list[Anomaly]:

@@ -67,6 +67,12 @@ class SlowdownConfig:
     localize_retries: int = 12  # iterations to wait for a persistent root before dropping
     min_window_iterations: float = 1.0  # the anomaly window before a localization counts
     consistency: float = 0.6  # share of the slow iterations whose own root must agree
+    level_share: float = 0.25  # a persistent stretch starts at an iteration whose excess is
+    #                            at least this share of the stretch's median excess (a mild
+    #                            noisy one before a far stronger fault is not its start)
+    worse_factor: float = 2.0  # a further level whose iterations are this many times as slow
+    #                            as the open anomaly's (same root or link) is a new event on
+    #                            it, reported on its own
     halves_iterations: int = 4  # without a persistent root after this many slow iterations
     #                            (and every two more), the stretch's halves are judged
     #                            (_persistent_halves)

@@ -172,6 +172,20 @@ def test_a_slowdown_soon_after_a_relief_is_tested_against_the_earlier_baseline()
     assert abs(second.ratio - 1.4) < 0.05
 
 
+@pytest.mark.parametrize("seed", [1, 2, 4, 5])
+def test_mild_noise_then_a_far_larger_step_opens_the_level_at_the_step(seed: int) -> None:
+    """A noisy baseline (8%), two mildly slow iterations (scheduling noise), then an 8x
+    step: the first 8x value alone would carry the sign test over the noisy tail and open
+    the level at the noise, measured at its height (1.25x). The level opens at the step,
+    confirmed one iteration later, at the step's height."""
+    x = np.concatenate([_steps([(1.0, 20)], noise=0.08, seed=seed), [1.26, 1.07],
+                        _steps([(8.0, 10)], noise=0.02, seed=4)])
+    tr = ChangeTracker(SlowdownConfig().change)
+    changes = [c for v in x for c in tr.push(float(v))]
+    assert [(c.kind, c.index, c.detected_index) for c in changes] == [("onset", 22, 23)]
+    assert abs(changes[0].ratio - 8.0) < 0.6
+
+
 def test_an_unconfirmed_level_keeps_its_values_in_the_healthy_segment() -> None:
     tr = ChangeTracker()
     for v in _steps([(1.0, 30), (1.4, 6), (1.0, 3)], seed=8):

@@ -339,3 +339,38 @@ def test_a_second_slowdown_during_an_open_one_is_reported_on_its_own() -> None:
     closed = {a.id: a for a in reports if a.end_ns is not None}
     assert set(closed) == set(opened)
     assert closed["slow-1"].end_ns < closed["slow-0"].end_ns
+
+
+def test_a_second_slow_link_between_the_same_two_nodes_is_its_own_anomaly() -> None:
+    """Two DP links join the same two nodes (two ranks per node, one NIC each): a mild fault
+    on one, then a strong one on the other, are two faults, each named by its link."""
+    job = generate(tp=2, pp=2, dp=2, iterations=45, dp_ms=30, ranks_per_node=2, faults=[
+        Fault("link", 15, None, 1.6, link=(0, 2)), Fault("link", 28, None, 6, link=(1, 3))])
+    assert job.meta.nodes[0] == job.meta.nodes[1] and job.meta.nodes[2] == job.meta.nodes[3]
+    reports = _detect(job)
+    assert [(a.id, a.cause, sorted(a.link or [])) for a in reports] == [
+        ("slow-0", "communication", [0, 2]), ("slow-1", "communication", [1, 3])]
+    slowdowns = [a.slowdown or 0.0 for a in reports]
+    assert slowdowns[1] > 1.5 * slowdowns[0]
+
+
+def test_a_slow_link_that_grows_worse_is_reported_again_with_its_new_slowdown() -> None:
+    job = generate(tp=2, pp=2, dp=2, iterations=45, dp_ms=30, ranks_per_node=2, faults=[
+        Fault("link", 15, None, 2, link=(1, 3)), Fault("link", 28, None, 3, link=(1, 3))])
+    first, again = _detect(job)
+    assert first.id == again.id and sorted(again.link or []) == [1, 3]
+    assert first.start_ns == again.start_ns and first.detected_ns == again.detected_ns
+    assert again.slowdown is not None and first.slowdown is not None
+    assert again.slowdown > 1.5 * first.slowdown and again.end_ns is None
+
+
+def test_a_far_stronger_step_on_the_same_link_is_reported_with_its_own_onset() -> None:
+    """A link 2x slow (iterations 1.26x), then failing hard (iterations 5x): a new event on
+    the link, with its own onset, not folded into the mild one's (whose onset would then
+    date the hard failure 13 iterations early)."""
+    job = generate(tp=2, pp=2, dp=2, iterations=45, dp_ms=30, ranks_per_node=2, faults=[
+        Fault("link", 15, None, 2, link=(1, 3)), Fault("link", 28, None, 8, link=(1, 3))])
+    reports = _detect(job)
+    assert [(a.id, sorted(a.link or []), a.to_dict()["onset_iteration"]) for a in reports] == [
+        ("slow-0", [1, 3], 15), ("slow-1", [1, 3], 28)]
+    assert reports[1].slowdown is not None and reports[1].slowdown > 3
