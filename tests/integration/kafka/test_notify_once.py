@@ -87,11 +87,13 @@ def publish_reports(bootstrap: str, prefix: str, count: int,
 
 def run_once(bootstrap: str, prefix: str, config: Path, env: dict[str, str],
              tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    # the first join of a new consumer group took over 30 s (the default --once-timeout)
+    # once on 2 loaded cores in CI: the reads are bounded by a longer timeout here
     return subprocess.run(
         [sys.executable, "-m", "failslow", "notify", "--config", str(config), "--once",
-         "--kafka", bootstrap, "--topic-prefix", prefix, "--group", "n-" + prefix,
-         "--state", str(tmp_path / "state.json")],
-        env=env, capture_output=True, text=True, timeout=120)
+         "--once-timeout", "120", "--kafka", bootstrap, "--topic-prefix", prefix,
+         "--group", "n-" + prefix, "--state", str(tmp_path / "state.json")],
+        env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_once_delivers_the_reports_already_in_the_topic(broker: Broker, tmp_path: Path,
