@@ -155,8 +155,7 @@ class AnomalyLifecycle:
         op.first = first
         op.anomaly.update({k: v for k, v in loc.items()
                            if k not in INTERNAL_FIELDS})
-        if first:
-            a = self.timeline.pos(op.onset_pos + first)
+        if first:  # ``a``: the stretch's first iteration (above)
             durs = [d for _, t0, d in self.timeline.iters[a:] if t0 + d <= self.timeline.horizon]
             if durs and op.healthy_ns > 0:
                 op.anomaly["slowdown"] = round(float(np.median(durs)) / op.healthy_ns, 4)
@@ -227,9 +226,9 @@ class AnomalyLifecycle:
         def stretch(member: list[bool | None], by_chance: bool = False) -> int | None:
             """Earliest start of a persistent trailing stretch (None: none); iterations
             whose ``member`` is None say nothing and are left out (a stretch starts at
-            the first of them before its first hit). With ``by_chance``, the stretch must
-            also be unlikely to arise by accident for any rank
-            (:func:`_persistence_chance`)."""
+            the first of them before its first hit that is at its level). With
+            ``by_chance``, the stretch must also be unlikely to arise by accident for any
+            rank (:func:`_persistence_chance`)."""
             known = [i for i in range(k) if member[i] is not None]
             for j, s0 in enumerate(known):
                 if max_start is not None and s0 > max_start:
