@@ -14,7 +14,7 @@ import numpy as np
 
 from failslow.detectors.changepoints import Change, ChangeTracker
 from failslow.detectors.slowdown.accounting import BinnedStats
-from failslow.detectors.slowdown.compute import gpu_evidence
+from failslow.detectors.slowdown.compute import gpu_evidence, hidden_roots
 from failslow.detectors.slowdown.config import SlowdownConfig
 from failslow.detectors.slowdown.levels import SlowLevel, Window
 from failslow.detectors.slowdown.localizer import INTERNAL_FIELDS, Localizer
@@ -223,15 +223,17 @@ class AnomalyLifecycle:
             level = float(np.median(durs[s0:])) - op.healthy_ns
             return bool(durs[i] - op.healthy_ns >= c.level_share * level)
 
-        def stretch(member: list[bool | None], by_chance: bool = False) -> int | None:
+        def stretch(member: list[bool | None], by_chance: bool = False, slack: int = 0
+                    ) -> int | None:
             """Earliest start of a persistent trailing stretch (None: none); iterations
             whose ``member`` is None say nothing and are left out (a stretch starts at
             the first of them before its first hit that is at its level). With
             ``by_chance``, the stretch must also be unlikely to arise by accident for any
-            rank (:func:`_persistence_chance`)."""
+            rank (:func:`_persistence_chance`). ``slack``: it may start this many
+            iterations after ``max_start``."""
             known = [i for i in range(k) if member[i] is not None]
             for j, s0 in enumerate(known):
-                if max_start is not None and s0 > max_start:
+                if max_start is not None and s0 > max_start + slack:
                     break
                 # its first hit is at its level, or only partly slow (the next one is)
                 if not member[s0] or not (at_level(s0, s0) or (
@@ -256,8 +258,12 @@ class AnomalyLifecycle:
         starts: list[int] = []
         roots: list[tuple[int, int]] = []  # (start, rank)
         cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
+        # the two sides of a mixed fault (a rank and its own link) may show an iteration
+        # apart: an end of the open anomaly's slow link may start one iteration later
+        ends = set(op.anomaly.get("link") or []) if op.state == "open" else set()
         for r in cands:
-            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter], by_chance=True)
+            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter], by_chance=True,
+                         slack=int(r in ends))
             if st is not None:
                 roots.append((st, r))
                 starts.append(st)
@@ -267,7 +273,9 @@ class AnomalyLifecycle:
         for pair in pairs:
             hit = [bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
                    for sig in op.per_iter]
-            st = stretch(self._informative(op, hit))
+            # ... and a once-per-iteration round in the onset window may be the last
+            # healthy one
+            st = stretch(self._informative(op, hit), slack=1)
             if st is not None and (comm_start is None or st < comm_start):
                 comm_start, comm_nodes = st, list(pair)
         if comm_start is not None:
@@ -385,13 +393,19 @@ class AnomalyLifecycle:
         again with the same id (its lifecycle: open, updated, resolved)."""
         # only what was there from the onset on: a fault that starts later is its own
         found = self._persistent(op, max_start=op.first + 1)
-        if found is None or not op.signature:
+        if not op.signature:
             return []
-        first, comm_ok, nodes, roots = found
         old_comm, old_nodes, old_roots = op.signature
+        first, comm_ok, nodes, roots = found or (op.first, bool(old_comm), list(old_nodes),
+                                                 list(old_roots))
         comm_ok = comm_ok or bool(old_comm)
         nodes = list(old_nodes) if old_comm and old_nodes else nodes
         roots = sorted(set(roots) | set(old_roots))
+        if op.anomaly.get("cause") == "compute" and not comm_ok:
+            # stragglers that the first one hides show only over several iterations
+            whole = self._window(op, op.onset_pos + op.first, self.timeline.horizon)
+            roots = sorted(set(roots) | set(hidden_roots(
+                self.stats, self.config, whole, roots + sorted(self._below(op)))))
         if comm_ok == bool(old_comm) and roots == sorted(old_roots):
             return []
         win = self._window(op, op.onset_pos + first, self.timeline.horizon)

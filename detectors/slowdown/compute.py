@@ -145,6 +145,38 @@ def _minor(ranked: np.ndarray, n: int, config: SlowdownConfig) -> int:
     return k
 
 
+def hidden_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
+                 known: list[int]) -> list[int]:
+    """Stragglers the job does not wait for, over an open compute anomaly's whole window:
+    ranks besides the ``known`` roots whose own compute grew (:func:`compute_excess`) by at
+    least ``compute_share`` of the lost time more than the median rank's, and
+    ``minor_lead`` times more than the next rank's, strongest first. A second straggler
+    slower than healthy but less than the first is hidden behind it: its stage waits for
+    the first one's pipeline or group instead, so it is no root of any one iteration, yet
+    it is the next bottleneck once the first is fixed (what-if analysis, §4: the job's
+    time is the slowest path). Its gaps over several iterations still show it; one
+    iteration's do not stand out of the noise. Only windows of ``hidden_iterations``."""
+    c = config
+    if win.iterations < c.hidden_iterations:
+        return []
+    got = compute_excess(stats, win)
+    if got is None or len(got[0]) < 4:
+        return []
+    rw, excess = got
+    dev = excess - float(np.median(excess))
+    free = ~np.isin(rw, np.asarray(known, dtype=rw.dtype))
+    cand = np.flatnonzero(free)[np.argsort(-dev[free], kind="stable")]
+    out: list[int] = []
+    for i, idx in enumerate(cand):
+        if len(known) + len(out) >= c.max_roots:
+            break
+        nxt = float(dev[cand[i + 1]]) if i + 1 < len(cand) else 0.0
+        if dev[idx] < c.compute_share or dev[idx] < c.minor_lead * max(nxt, 0.0):
+            break
+        out.append(int(rw[idx]))
+    return out
+
+
 def link_end_root(stats: BinnedStats, config: SlowdownConfig, win: Window,
                   graph: WaitGraph, ends: set[int]) -> list[int]:
     """The compute side of a mixed slow-down whose link took most of the lost time: the

