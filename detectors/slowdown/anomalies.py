@@ -364,14 +364,19 @@ class AnomalyLifecycle:
         since the onset are localized on their own and must each name the same compute root
         first (and at most one other rank, kept when both name it), or the same slow link.
         A pause or a burst of noise fills one place of the stretch, or names several
-        ranks."""
+        ranks; a pause that opened the level is left out of the halves."""
         c = self.config
         k = len(op.per_iter)
-        if k < c.halves_iterations or k % 2:
-            return None
         a = self.timeline.pos(op.onset_pos)
+        excess = [d - op.ref_iter_ns for _, _, d in self.timeline.iters[a:a + k]]
+        # a pause that opened the level (its first iteration ``pause_factor`` times as far
+        # above the reference as the others' median) is no part of the stretch
+        s = int(k > 1 and excess[0] > c.pause_factor * max(float(np.median(excess[1:])), 0.0))
+        n = k - s
+        if n < c.halves_iterations or n % 2:
+            return None
         sigs = []
-        for lo, hi in ((0, k // 2), (k // 2, k)):
+        for lo, hi in ((s, s + n // 2), (s + n // 2, k)):
             _, t0, d = self.timeline.iters[a + hi - 1]
             one = self.localizer.localize(self._window(op, op.onset_pos + lo, t0 + d), op,
                                           light=True, skip=self._below(op))
@@ -382,9 +387,9 @@ class AnomalyLifecycle:
         if roots1 and roots2 and roots1[0] == roots2[0] and max(len(roots1), len(roots2)) <= 2:
             # the same strongest root in both halves, with the other ranks both name (a
             # second slow rank); one named by one half only is noise there (a pause)
-            return 0, False, [], [r for r in roots1 if r in roots2]
+            return s, False, [], [r for r in roots1 if r in roots2]
         if comm1 and comm2 and ident1 and ident1 == ident2 and not roots1 and not roots2:
-            return 0, True, list(ident1), []
+            return s, True, list(ident1), []
         return None
 
     def _refine(self, op: SlowLevel) -> list[Anomaly]:

@@ -76,6 +76,9 @@ class SlowdownConfig:
     halves_iterations: int = 4  # without a persistent root after this many slow iterations
     #                            (and every two more), the stretch's halves are judged
     #                            (_persistent_halves)
+    pause_factor: float = 4.0  # ... leaving out a first slow iteration this many times as far
+    #                            above the reference as the others' median (a pause that
+    #                            opened the level)
     severe_iterations: float = 2.0  # a first slow iteration this many reference iterations
     #                                 long is judged by its two halves (_persistent_within)
     persist_alpha: float = 0.2  # a persistent root's stretch arises by chance (any rank of

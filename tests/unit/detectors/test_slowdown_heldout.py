@@ -277,11 +277,13 @@ def test_straggler_absorbed_by_the_pipeline_is_named(tmp_path: Path) -> None:
     """``two-stragglers-0`` of the held-out suite (seed 0): ranks 2 (stage 0) and 11
     (stage 1) compute microbatch 1's forward pass 1.4x slower. The job waits for rank
     11, while rank 2's extra compute fits in the pipeline bubble: nobody waits on it
-    more, yet its compute grew the most of any rank in every slow iteration. Named as a
-    compute root in each iteration's window, it opens the anomaly 6.8 iterations after
-    the onset (8.8 before, when only rank 11 was named, by the halves of the stretch).
-    No iteration's window names rank 11; the whole window of the open anomaly does
-    (``hidden_roots``), and the anomaly is reported again naming both."""
+    more, yet its compute grew the most of any rank in every slow iteration. The level
+    opens at a GC pause just before the onset (one iteration 2x long), and one
+    iteration's window names a root only now and then. The halves of the stretch after
+    the pause (``pause_factor``) both name rank 2, then 11: the anomaly opens 3.8
+    iterations after the onset, naming both (6.8 when the pause was in the first half,
+    whose window then named no root with confidence; 8.8 before that, naming rank 11
+    only)."""
     spec = hg.Spec(tp=1, pp=2, dp=8, microbatches=2, iterations=34,
                    order=("tp", "pp", "dp"), gpus_per_node=8, forward_ms=2.6503,
                    backward_ratio=1.8845, optimizer_ms=2.0, last_stage=1.19, tp_per_pass=2,
@@ -297,7 +299,7 @@ def test_straggler_absorbed_by_the_pipeline_is_named(tmp_path: Path) -> None:
                                     microbatch=1)])
     truth, found = _run(spec, tmp_path / "two")
     assert [(a["cause"], a["ranks"]) for a in found] == [("compute", [2, 11])]
-    assert 0 < _latency(truth, found[0]) <= 7
+    assert 0 < _latency(truth, found[0]) <= 5
 
 
 def test_a_straggler_hidden_behind_a_slower_one_is_named_too(tmp_path: Path) -> None:
