@@ -153,9 +153,10 @@ def hidden_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
     ``minor_lead`` times more than the next rank's, strongest first. A second straggler
     slower than healthy but less than the first is hidden behind it: its stage waits for
     the first one's pipeline or group instead, so it is no root of any one iteration, yet
-    it is the next bottleneck once the first is fixed (what-if analysis, §4: the job's
-    time is the slowest path). Its gaps over several iterations still show it; one
-    iteration's do not stand out of the noise. Only windows of ``hidden_iterations``."""
+    it is the next bottleneck once the first is fixed (what-if analysis §3.2: fixing only
+    some stragglers leaves the job slowed by the others). Its gaps over several iterations
+    still show it; one iteration's do not stand out of the noise. Only windows of
+    ``hidden_iterations``."""
     c = config
     if win.iterations < c.hidden_iterations:
         return []
