@@ -185,3 +185,25 @@ def test_a_mixed_fault_whose_slow_rank_shows_an_iteration_after_its_link(
     found = _heldout(spec, tmp_path / "link")
     assert [(a["cause"], a["ranks"], sorted(a["link"] or []), a["stage"]) for a in found] == [
         ("mixed", [18], [14, 18], "dp_sync")]
+
+
+def test_a_root_off_the_open_links_ends_does_not_make_it_mixed(tmp_path: Path) -> None:
+    """``link-pp-1`` of the held-out suite (seed 1): the link 20-21 of a tp4 pp2 dp8 job is
+    4.5x slower, with ``link`` rows. The anomaly opened as ``communication`` on the link's
+    two ends; a later iteration's window then showed rank 58, on neither end, as a
+    persistent compute root, and the refine turned the anomaly into ``mixed`` on rank 58
+    although the localizer had found that root independent of the link. A root off the
+    link is a second fault, never the compute side of this one: the anomaly stays
+    ``communication`` on the link."""
+    spec = hg.Spec(tp=4, dp=8, microbatches=2, iterations=29, order=("pp", "tp", "dp"),
+                   forward_ms=2.1728, backward_ratio=2.0263, last_stage=1.1634,
+                   pp_bytes=67108864, dp_mode="rs_ag", jitter="pareto",
+                   jitter_scale=0.02997, comm_jitter="lognormal", seqlen_sigma=0.04644,
+                   gc_prob=0.0015625, skew_ms=1.0894, drift_ppm=23.77, missing_t_start=0.3,
+                   comms_in_meta=True, link_rows=True, seed=1587053590,
+                   job="heldout-link-pp-1",
+                   faults=[F("communication", 20, peer=21, start=8, end=19, factor=4.482,
+                             microbatch=1)])
+    found = _heldout(spec, tmp_path / "pp")
+    assert [(a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
+        ("communication", [20, 21], [20, 21])]
