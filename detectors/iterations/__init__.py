@@ -40,6 +40,7 @@ from failslow.detectors.iterations.columns import (
     _pack,
     _sorted_groups,
     coll_columns,
+    comm_codes,
     rank_time_order,
     stable_argsort,
 )
@@ -52,6 +53,6 @@ from failslow.detectors.iterations.tracker import (
 
 __all__ = [
     "IterationConfig", "IterationTracker", "_group_starts", "_median", "_median0", "_pack",
-    "_sorted_groups", "coll_columns", "find_period", "median_iteration_s", "pooled_acf",
-    "rank_time_order", "stable_argsort", "symbols",
+    "_sorted_groups", "coll_columns", "comm_codes", "find_period", "median_iteration_s",
+    "pooled_acf", "rank_time_order", "stable_argsort", "symbols",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -42,6 +43,30 @@ def coll_columns(coll: pa.Table) -> dict[str, np.ndarray]:
     }
     _DECODED[0] = (coll, out)
     return dict(out)
+
+
+#: the latest table and its communicator codes (:func:`comm_codes`)
+_CODES: list[Any] = [(None, None)]
+
+
+def comm_codes(coll: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(comm, return_index=True, return_inverse=True)`` of the table's ``comm``
+    column (sorted distinct ids, each one's first row, each row's position among them),
+    computed once per table with a hash factorization: a batch holds many rows of a few
+    hundred communicators, so the detectors look up the distinct ids, not every row."""
+    table, cached = _CODES[0]
+    if table is coll:
+        return cached
+    comm = coll_columns(coll)["comm"]
+    codes, uniq = pd.factorize(comm)
+    first = np.flatnonzero(np.diff(np.maximum.accumulate(codes), prepend=-1) > 0)
+    order = np.argsort(uniq)
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
+    out = (np.asarray(uniq, dtype=np.uint64)[order], first[order],
+           position[codes.astype(np.int64, copy=False)])
+    _CODES[0] = (coll, out)
+    return out
 
 
 def _pack(cols: dict[str, np.ndarray], by: tuple[str, ...]) -> np.ndarray | None:

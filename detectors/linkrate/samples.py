@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from failslow import events
-from failslow.detectors.iterations import coll_columns
+from failslow.detectors.iterations import coll_columns, comm_codes
 from failslow.detectors.slowdown.comms import infer_comm_kind
 from failslow.events import NULL_TIME, JobMeta
 
@@ -77,10 +77,12 @@ class CommTable:
             self._arrays, self._arrays_version = (flat, offs, sizes), self.version
         return self._arrays
 
-    def learn(self, comm: np.ndarray, crank: np.ndarray, csize: np.ndarray, rank: np.ndarray,
-              p2p: np.ndarray) -> np.ndarray:
-        """Index of every row's communicator; members and op classes learned from the rows."""
-        uniq, first, inv = np.unique(comm, return_index=True, return_inverse=True)
+    def learn(self, codes: tuple[np.ndarray, np.ndarray, np.ndarray], crank: np.ndarray,
+              csize: np.ndarray, rank: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+        """Index of every row's communicator (``codes``: as :func:`~failslow.detectors.
+        iterations.columns.comm_codes` gives them); members and op classes learned from the
+        rows."""
+        uniq, first, inv = codes
         known_ids = np.array(self.ids, dtype=np.uint64)
         order = np.argsort(known_ids)
         pos = np.minimum(np.searchsorted(known_ids[order], uniq), max(len(order) - 1, 0))
@@ -258,11 +260,11 @@ class SampleExtractor:
             return empty
         cols = coll_columns(coll)  # decoded once for all the detectors of the job
         op = cols["op"]  # -1 when unknown: the last entry of _P2P and _RING (False)
-        rank, comm, crank, csize = cols["rank"], cols["comm"], cols["comm_rank"], cols["comm_size"]
+        rank, crank, csize = cols["rank"], cols["comm_rank"], cols["comm_size"]
         seq, nbytes, peer = cols["seq"], cols["bytes"], cols["peer"]
         enter, t, t_start = cols["is_enter"], cols["t"], cols["t_start"]
         p2p = _P2P[op]
-        cidx = self.comms.learn(comm, crank, csize, rank, p2p)
+        cidx = self.comms.learn(comm_codes(coll), crank, csize, rank, p2p)
         world = max(self.meta.world_size, int(rank.max()) + 1, 1)
         key = ((cidx * world + rank) << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
         round_key = (cidx << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))

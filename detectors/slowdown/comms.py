@@ -57,18 +57,19 @@ class CommRegistry:
         m = self.members[i]
         return [m[k] for k in sorted(m)]
 
-    def observe(self, comm: np.ndarray, cr: np.ndarray, size: np.ndarray, rank: np.ndarray,
-                op: np.ndarray) -> np.ndarray:
-        """Register new communicators and members; return the comm index of every row."""
-        comm = np.asarray(comm, dtype=np.uint64)
-        pos, hit = self._find(comm)
+    def observe(self, codes: tuple[np.ndarray, np.ndarray, np.ndarray], cr: np.ndarray,
+                size: np.ndarray, rank: np.ndarray, op: np.ndarray) -> np.ndarray:
+        """Register new communicators and members; return the comm index of every row.
+        ``codes``: the rows' communicators as :func:`~failslow.detectors.iterations.columns.
+        comm_codes` gives them (distinct ids, first rows, each row's id)."""
+        uniq, first, inv = codes
+        pos, hit = self._find(uniq)
         if not hit.all():
-            uniq, first = np.unique(comm[~hit], return_index=True)
-            sizes = size[np.flatnonzero(~hit)[first]]
-            for c, sz in zip(uniq.tolist(), sizes.tolist(), strict=True):
+            sizes = size[first[~hit]]
+            for c, sz in zip(uniq[~hit].tolist(), sizes.tolist(), strict=True):
                 self._add(c, int(sz))
-            pos, hit = self._find(comm)
-        rows_idx = self._sorted_idx[pos]
+            pos, hit = self._find(uniq)
+        rows_idx = self._sorted_idx[pos][inv]
         if self._learning:
             idx = np.unique(rows_idx)
             learning = np.array([not self.kinds[i] for i in idx.tolist()], dtype=bool)

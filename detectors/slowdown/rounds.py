@@ -13,7 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow import events, results
-from failslow.detectors.iterations import _group_starts, _pack, _sorted_groups, coll_columns
+from failslow.detectors.iterations import (
+    _group_starts,
+    _pack,
+    _sorted_groups,
+    coll_columns,
+    comm_codes,
+)
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND
 from failslow.events import NULL_TIME
@@ -73,7 +79,7 @@ class RoundJoiner:
         rank, comm, cr, size = cols["rank"], cols["comm"], cols["comm_rank"], cols["comm_size"]
         seq, opc, nbytes, peer = cols["seq"], cols["op"], cols["bytes"], cols["peer"]
         is_enter, t, ts_col = cols["is_enter"], cols["t"], cols["t_start"]
-        cidx = self.registry.observe(comm, cr, size, rank, opc)
+        cidx = self.registry.observe(comm_codes(coll), cr, size, rank, opc)
         null = np.full(n, NULL_TIME, dtype=np.int64)
         new = {
             "rank": rank, "comm": comm, "cidx": cidx, "cr": cr, "size": size, "seq": seq,
