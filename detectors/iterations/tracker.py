@@ -20,7 +20,7 @@ import pyarrow as pa
 from failslow import events, results
 from failslow.detectors.base import EventBatch
 from failslow.detectors.iterations import fewops
-from failslow.detectors.iterations.columns import _median, coll_columns, rank_time_order
+from failslow.detectors.iterations.columns import coll_columns, rank_time_order
 from failslow.detectors.iterations.period import find_period, symbols
 from failslow.detectors.iterations.rank_state import _Rank, commit_anchor
 from failslow.diagnosis import Anomaly
@@ -382,22 +382,24 @@ class IterationTracker:
         # (not a rank of very few ops: no micro-batches; its own timing decided)
         promote = False
         ref = self.ref_bounds[self.ref_bounds[:, 1] <= t_now] if self.ref_rank >= 0 else None
-        t_ref = 0.0 if few else self._ref_period_ns(ref)
-        if t_ref > 0:
-            t_own = _median(t[period:] - t[:-period])
-            if t_ref > 1.5 * t_own:
-                # operations per reference iteration, in whole periods
-                ahead = np.searchsorted(t, t + int(t_ref)) - np.arange(n)
-                whole = ahead[t + int(t_ref) <= t[-1]]
-                if not len(whole):
-                    # the buffer spans less than one reference iteration: learn later
-                    self._defer(rank, st, buf, n, need)
-                    return None
-                period *= max(1, int(round(float(np.median(whole)) / period)))
-                if n < 2 * period:
-                    st.next_try = 2 * period
-                    return None
-            promote = t_own > 1.5 * t_ref
+        if ref is not None and len(ref) >= 2 and not few:
+            # the reference's iterations and this rank's periods counted over the same
+            # stretch of time: a slow-down that starts while the ranks learn (iterations of
+            # two lengths) or a pause then weighs on both alike
+            inside = ref[(ref[:, 1] >= t[0]) & (ref[:, 1] <= t[-1]), 1]
+            if len(inside) < 2 and ref[-1, 1] >= t[0]:
+                # the buffer spans less than one reference iteration: learn later
+                self._defer(rank, st, buf, n, need)
+                return None
+            if len(inside) >= 2:  # (a reference silent since before the buffer: none)
+                own = int(np.searchsorted(t, inside[-1]) - np.searchsorted(t, inside[0]))
+                per_ref = own / (len(inside) - 1)  # operations per reference iteration
+                if per_ref > 1.5 * period:  # calls repeat every micro-batch: whole periods
+                    period *= max(1, int(round(per_ref / period)))
+                    if n < 2 * period:
+                        st.next_try = 2 * period
+                        return None
+                promote = 1.5 * per_ref < period
         if promote:
             self._reset_others(rank, t_now)
         commit_anchor(st, period, comm, seq, t, ref if self.ref_rank >= 0 else None)
@@ -453,15 +455,6 @@ class IterationTracker:
             self._periods[key] = find_period(sym, c.threshold, c.max_lag, c.multiple_slack,
                                              c.projections)
         return fewops.symbol_period(sym, self._periods[key]) if few else self._periods[key]
-
-    def _ref_period_ns(self, b: np.ndarray | None) -> float:
-        """The reference rank's iteration time from its boundaries ``b`` (0 when
-        unknown)."""
-        if b is None or len(b) < 2:
-            return 0.0
-        step = np.diff(b[:, 0])
-        ok = step > 0
-        return _median(np.diff(b[:, 1])[ok] / step[ok]) if ok.any() else 0.0
 
     def _reset_others(self, rank: int, t_now: int) -> None:
         """``rank`` sees a longer period than the reference: it becomes the reference and
