@@ -207,3 +207,29 @@ def test_a_root_off_the_open_links_ends_does_not_make_it_mixed(tmp_path: Path) -
     found = _heldout(spec, tmp_path / "pp")
     assert [(a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
         ("communication", [20, 21], [20, 21])]
+
+
+def test_a_mixed_fault_that_starts_while_the_ranks_learn_their_period(
+        tmp_path: Path) -> None:
+    """``mixed-2`` of the held-out suite (seed 1): tp8 dp2, 5 collectives per iteration,
+    rank 15 computes 1.8x slower and its DP link to rank 7 is 2.5x slower from iteration
+    11, before the ranks have the 96 calls they learn their period from. Rank 7 learned
+    last; the median of its period's duration (mostly slow iterations) was 1.6x the median
+    of the reference's iterations (mostly healthy ones), so it was taken for a rank of a
+    longer period: every other rank learned again, and the job had no iteration and no
+    anomaly. Counted over the same stretch of time, both have the same iterations."""
+    spec = hg.Spec(tp=8, pp=1, dp=2, microbatches=1, iterations=32, forward_ms=4.2235,
+                   backward_ratio=2.025, last_stage=1.0634, jitter="pareto",
+                   jitter_scale=0.02415, seqlen_sigma=0.03167, burst_prob=0.02,
+                   gc_prob=0.015625, skew_ms=1.6576, drift_ppm=52.82, missing_t_start=0.3,
+                   fmt="parquet", seed=1452417163, job="heldout-mixed-2",
+                   faults=[F("compute", 15, start=11, end=23, factor=1.8231, microbatch=1),
+                           F("communication", 15, peer=7, start=11, end=23, factor=2.5023,
+                             microbatch=1)])
+    path = tmp_path / "learning"
+    hg.write(spec, path)
+    diag = analyze(path).to_dict()
+    assert diag["iterations"]["count"] >= 30
+    found = [a for a in diag["anomalies"] if str(a["id"]).startswith("slow-")]
+    assert [(a["cause"], a["ranks"], sorted(a["link"] or [])) for a in found] == [
+        ("mixed", [15], [7, 15])]
