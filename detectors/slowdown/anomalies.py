@@ -420,7 +420,7 @@ class AnomalyLifecycle:
             loc = self.localizer.localize(win, op, roots=roots, comm=comm_ok, force_comm=comm_ok)
             if loc["cause"] == "mixed" and loc["independent"]:
                 # a root off the open anomaly's link is a second fault, not its compute
-                # side: it opens its own level (``_try_confirm`` splits it the same way)
+                # side (``_try_confirm`` keeps such a root apart from the link too)
                 return []
         if loc["cause"] == op.anomaly["cause"] and loc["ranks"] == op.anomaly["ranks"]:
             op.signature = [comm_ok, nodes, roots]
