@@ -110,6 +110,12 @@ def add_parser(subparsers: Any) -> None:
                     help="run the detectors (default: yes; --no-detect with --store-events "
                          "and its own --group only stores events, so that storing and "
                          "detecting can run on a core each)")
+    pr.add_argument("--detectors", default=settings.processor.detectors, metavar="NAMES",
+                    help="run only these registered detectors, comma-separated (iterations, "
+                         "slowdown, hang, linkrate; a detector brings the ones whose output "
+                         "it reads). One job's detection then spreads over several "
+                         "processors, each with its own --group and set, e.g. 'hang' beside "
+                         "'slowdown,linkrate' (env FAILSLOW_DETECTORS; default: all)")
     pr.add_argument("--whatif", action=argparse.BooleanOptionalAction, default=False,
                     help="run the what-if analysis per job and store its results "
                          "(default: no)")
@@ -316,6 +322,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_process(args: argparse.Namespace) -> int:
+    from failslow.engine.registry import parse_names
     from failslow.stream.clickhouse import ClickHouseSink, ClickHouseStateStore, Store, connect
     from failslow.stream.kafka import KafkaTransport
     from failslow.stream.metrics import MetricsServer, processor_registry
@@ -327,6 +334,11 @@ def cmd_process(args: argparse.Namespace) -> int:
     )
     from failslow.stream.sink import SinkBackpressureError
 
+    try:
+        detectors = parse_names(args.detectors or "")
+    except ValueError as e:
+        print(f"failslow process: --detectors: {e}", file=sys.stderr)
+        return 2
     logging.getLogger("failslow").setLevel(min(logging.INFO,
                                                logging.getLogger().getEffectiveLevel()))
     try:
@@ -337,10 +349,11 @@ def cmd_process(args: argparse.Namespace) -> int:
             detect=args.detect, window_ns=int(args.window_ms * 1e6),
             max_backpressure_retries=None, max_backoff_s=args.max_backoff,
             silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "",
-            retire_after_s=args.retire_after)
+            retire_after_s=args.retire_after, detectors=detectors)
     except ValueError as e:
         print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
         return 2
+
     from failslow.settings import redact_url
 
     bootstrap = _kafka_or_exit(args, "process")

@@ -119,6 +119,9 @@ class ProcessorSettings(BaseModel):
     exit_when_idle: float | None = None
     #: mitigation planner action costs, ``S2=5,S3=60,S4=1800`` (seconds of training)
     planner_costs: str = ""
+    #: the registered detectors this processor runs, comma-separated (empty: all); one
+    #: job's detection split over consumer groups, one group per set (issue 13)
+    detectors: str = ""
     #: threads that run one job's independent detectors side by side (numpy releases the
     #: GIL in its sorts and reductions); 0: the cores the process may run on (its CPU
     #: affinity), at most 4; 1: none
@@ -208,6 +211,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_METRICS_PORT": ("processor", "metrics_port"),
     "FAILSLOW_EXIT_WHEN_IDLE": ("processor", "exit_when_idle"),
     "FAILSLOW_PLANNER_COSTS": ("processor", "planner_costs"),
+    "FAILSLOW_DETECTORS": ("processor", "detectors"),
     "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
     "FAILSLOW_WEBHOOK_SECRET": ("notify", "webhook_secret"),
     "FAILSLOW_PROMETHEUS_URL": ("notify", "prometheus_url"),

@@ -104,12 +104,20 @@ class JobAnalyzer:
         self.requester = ProbeRequester(meta, self.config.probe_jobs,
                                         self.config.probe_deadline_s)
         self.planner: MitigationPlanner | None = None
-        if self.config.planner is not None:
+        # the planner follows slow anomalies and iteration times: it runs where the
+        # slow-down detector does (a processor may run only some detectors, issue 13)
+        if self.config.planner is not None and "slowdown" in self.detectors:
             self.planner = MitigationPlanner(
                 meta.job, self.config.planner,
                 AnomalyPlans(meta, max(1, self.config.planner_multiple_of)))
 
     # the registered detectors by role (None: not enabled)
+    @property
+    def tracks_iterations(self) -> bool:
+        """This engine runs the iteration tracker: its diagnosis has the iterations summary
+        (an engine may run only some detectors: ``failslow process --detectors``)."""
+        return "iterations" in self.detectors
+
     @property
     def tracker(self) -> IterationTracker:
         return cast(IterationTracker, self.detectors["iterations"])
@@ -258,7 +266,8 @@ class JobAnalyzer:
         """The diagnosis so far (diagnosis.md): iterations summary and every anomaly in its
         latest state, and the detectors that failed (``incomplete``); no what-if analysis
         here."""
-        summary = None if "iterations" in self.failed else self.tracker.summary()
+        summary = None if "iterations" in self.failed or not self.tracks_iterations \
+            else self.tracker.summary()
         return Diagnosis(job=self.meta.job, iterations=summary,
                          anomalies=[Anomaly.from_dict(a.to_dict())
                                     for a in self._anomalies.values()],

@@ -91,6 +91,17 @@ REGISTRY: tuple[Entry, ...] = (
 NAMES: tuple[str, ...] = tuple(e.name for e in REGISTRY)
 
 
+def parse_names(text: str) -> frozenset[str] | None:
+    """The detectors of a comma-separated list of registry names (``failslow process
+    --detectors``); None (all of them) for an empty list. ValueError names an unknown one."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - set(NAMES))
+    if unknown:
+        raise ValueError(f"no detector {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(NAMES)}")
+    return names or None
+
+
 def _needs(name: str) -> set[str]:
     """Registered detectors whose derived tables ``name`` reads."""
     entry = next((e for e in REGISTRY if e.name == name), None)

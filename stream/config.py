@@ -58,7 +58,12 @@ class ProcessorConfig:
     # ------------------------------------------------------------------ detection
     #: False: run no detector (a processor that only stores events, in its own group)
     detect: bool = True
-    #: record kinds given to the detectors: those of ``failslow analyze``
+    #: the registered detectors the jobs' analyzers run (None: all, as ``failslow analyze``);
+    #: several processors, each in its own consumer group, may split one job's detectors
+    #: between them (engine/registry.py; a detector brings the ones whose tables it reads)
+    detectors: frozenset[str] | None = None
+    #: record kinds given to the detectors: those of ``failslow analyze`` (with
+    #: ``detectors``: those the chosen detectors read)
     analyzer_kinds: tuple[str, ...] = field(default_factory=_analyzed_kinds)
     #: a job's records are analysed in windows of this much event time, in time order
     window_ns: int = DEFAULT_WINDOW_NS
@@ -110,6 +115,12 @@ class ProcessorConfig:
         if isinstance(self.clock, str) and self.clock not in CLOCKS:
             raise ValueError("clock must be 'wall', 'event', 'system' or a callable")
         object.__setattr__(self, "analyzer_kinds", tuple(self.analyzer_kinds))
+        if self.detectors is not None:
+            from failslow.engine.registry import JobConfig, input_kinds, parse_names
+
+            object.__setattr__(self, "detectors", parse_names(",".join(self.detectors)))
+            object.__setattr__(self, "analyzer_kinds", input_kinds(
+                JobConfig(detectors=self.detectors, planner=None)))
         self.planner()  # ValueError when the costs are malformed
 
     def planner(self) -> PlannerConfig:
@@ -141,14 +152,15 @@ AnalyzerFactory = Callable[[JobMeta], Analyzer]
 WhatIfFactory = Callable[[JobMeta], WhatIf | None]
 
 
-def default_analyzer(meta: JobMeta, planner_costs: str = "") -> Analyzer:
+def default_analyzer(meta: JobMeta, planner_costs: str = "",
+                     detectors: frozenset[str] | None = None) -> Analyzer:
     """A :class:`failslow.engine.analyzer.JobAnalyzer` for ``meta``, as ``failslow analyze``
     makes it, its mitigation planner's action costs ``planner_costs`` (``S2=5,S3=60,...``;
-    empty: the defaults) applied."""
+    empty: the defaults) applied, running the registered ``detectors`` (None: all)."""
     from failslow.engine.analyzer import JobAnalyzer, JobConfig
 
     analyzer: Analyzer = JobAnalyzer(
-        meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs)))
+        meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs), detectors=detectors))
     return analyzer
 
 

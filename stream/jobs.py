@@ -428,6 +428,9 @@ class Jobs:
             if not state.dirty or state.partition not in numbers:
                 continue
             state.dirty = False
+            if not getattr(state.analyzer, "tracks_iterations", True):
+                # the summary comes from the consumer group that tracks the iterations
+                continue
             try:
                 summary = state.analyzer.diagnosis().iterations
             except Exception:  # noqa: BLE001 - the summary is optional

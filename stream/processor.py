@@ -111,9 +111,9 @@ class StreamProcessor:
     Collaborators: ``state`` keeps checkpoints (None: offsets are committed to the transport
     only; a restart then relearns the jobs); ``analyzer_factory`` builds the per-job
     analyzer from its meta (default: :func:`~failslow.stream.config.default_analyzer` with
-    the config's planner costs); ``whatif_factory`` the per-job what-if analyzer (None: no
-    what-if results; :func:`~failslow.stream.config.default_whatif` for the real one);
-    ``sleep`` replaces the waiting for a busy sink (tests).
+    the config's planner costs and detectors); ``whatif_factory`` the per-job what-if
+    analyzer (None: no what-if results; :func:`~failslow.stream.config.default_whatif` for
+    the real one); ``sleep`` replaces the waiting for a busy sink (tests).
     """
 
     def __init__(self, transport: Transport, sink: Sink | None = None,
@@ -130,7 +130,8 @@ class StreamProcessor:
         self._parts: dict[int, Partition] = {}
         self._idle_since: dict[int, int] = {}  # partition -> caught up since (monotonic ns)
         factory = analyzer_factory or partial(default_analyzer,
-                                              planner_costs=config.planner_costs)
+                                              planner_costs=config.planner_costs,
+                                              detectors=config.detectors)
         align = (not transport.ordered) if config.align is None else config.align
         self._jobs = Jobs(config, self.stats, factory, whatif_factory, self._parts,
                           self._idle_since, align)
