@@ -238,7 +238,7 @@ class SampleExtractor:
         self.max_pending_ns = max_pending_ns
         self.pend_key = np.zeros(0, dtype=np.int64)
         self.pend_t = np.zeros(0, dtype=np.int64)
-        self._members_cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._members_cache: tuple[np.ndarray, ...] | None = None
         self._members_version = -1
         nodes = sorted(set(meta.nodes.values()))
         self.node_ids = {n: i for i, n in enumerate(nodes)}
@@ -266,6 +266,16 @@ class SampleExtractor:
         p2p = _P2P[op]
         cidx = self.comms.learn(comm_codes(coll), crank, csize, rank, p2p)
         world = max(self.meta.world_size, int(rank.max()) + 1, 1)
+        horizon = int(t.max()) - self.max_pending_ns
+        flat, offs, sizes, one_node, never = self._member_arrays()
+        skip = never[cidx] & ~p2p
+        if skip.any():
+            # collectives of a tensor- or context-parallel group within one node give no
+            # sample: left out before their enter and end rows are joined (most rows)
+            rest = np.flatnonzero(~skip)
+            op, rank, crank, csize, seq, nbytes, peer, enter, t, t_start, p2p, cidx = (
+                a[rest] for a in (op, rank, crank, csize, seq, nbytes, peer, enter, t,
+                                  t_start, p2p, cidx))
         key = ((cidx * world + rank) << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
         round_key = (cidx << _SEQ_BITS) | (seq & ((1 << _SEQ_BITS) - 1))
         # enter times: this batch's and the pending ones; an end row consumes its enter
@@ -281,7 +291,6 @@ class SampleExtractor:
         t_enter[hit] = pt[pos[hit]]
         keep = np.ones(len(pk), dtype=bool)
         keep[pos[hit]] = False
-        horizon = int(t.max()) - self.max_pending_ns
         keep &= pt >= horizon
         self.pend_key, self.pend_t = pk[keep], pt[keep]
         # samples of the end rows
@@ -293,7 +302,6 @@ class SampleExtractor:
         ci, cr, sz = cidx[e], crank[e], csize[e]
         is_p2p, is_ring = p2p[e], _RING[op[e]]
         other_cr = np.where(is_p2p, peer[e], (cr + 1) % np.maximum(sz, 1))
-        flat, offs, sizes, one_node = self._member_arrays()
         ok = (other_cr >= 0) & (other_cr < sizes[ci])
         other = np.full(len(e), -1, dtype=np.int64)
         other[ok] = flat[offs[ci[ok]] + other_cr[ok]]
@@ -318,19 +326,24 @@ class SampleExtractor:
         return {"lid": lid, "t": te[g], "rate": nbytes[e][g] / dur[g].astype(np.float64),
                 "ts": has_ts[g], "rnd": rnd}
 
-    def _member_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every communicator's members in one flat array (with offsets and sizes), and
-        whether it is a DP / PP group that lies within one node; rebuilt only when the
-        communicators or their members change."""
+    def _member_arrays(self) -> tuple[np.ndarray, ...]:
+        """Every communicator's members in one flat array (with offsets and sizes), whether
+        it is a DP / PP group that lies within one node, and whether its collectives never
+        give a sample (a TP / CP group whose members are all known and on one node: every
+        ring hop stays in the node); rebuilt only when the communicators or their members
+        change."""
         comms = self.comms
         if self._members_cache is None or comms.version != self._members_version:
             flat, offs, sizes = comms.arrays()
             one_node = np.zeros(len(sizes), dtype=bool)
+            never = np.zeros(len(sizes), dtype=bool)
             for c, m in enumerate(comms.members):  # once per communicator change, not batch
                 known = m[m >= 0]
-                one_node[c] = (len(known) > 1 and len(np.unique(self.node(known))) == 1
-                               and comms.kind(c) not in ("tp", "cp"))
-            self._members_cache = (flat, offs, sizes, one_node)
+                within = len(known) > 1 and len(np.unique(self.node(known))) == 1
+                parallel = comms.kind(c) in ("tp", "cp")
+                one_node[c] = within and not parallel
+                never[c] = within and parallel and len(known) == len(m)
+            self._members_cache = (flat, offs, sizes, one_node, never)
             self._members_version = comms.version
         return self._members_cache
 

@@ -323,3 +323,32 @@ def test_later_hops_of_a_ring_reported_without_a_link_join_its_report() -> None:
     assert a["link"] is None and a["comm_kind"] == "dp"
     assert {98, 126} <= set(a["ranks"])
     assert any(sorted(h) == [98, 126] for h in a["link_candidates"])
+
+
+def test_skipping_in_node_tensor_parallel_rows_changes_no_sample(traces: dict[str, Any]
+                                                                 ) -> None:
+    """The sampler leaves out the collectives of TP / CP groups within one node before it
+    joins enter and end rows (most rows): every sample is the one the whole join gives."""
+    from failslow.detectors.linkrate.samples import SampleExtractor
+
+    meta, tables, _ = traces["dp-2.4-linkrows"]
+    batches = [b["coll"] for _, b in replay({"coll": tables["coll"]}, 100_000_000)]
+    config = LinkRateConfig()
+    fast, whole = (SampleExtractor(meta, config.min_bytes, int(config.max_pending_s * 1e9))
+                   for _ in range(2))
+    members = whole._member_arrays
+
+    def nothing_skipped() -> tuple[np.ndarray, ...]:
+        *arrays, never = members()
+        return (*arrays, np.zeros_like(never))
+
+    whole._member_arrays = nothing_skipped  # type: ignore[method-assign]
+    skipped = 0
+    for coll in batches:
+        a, b = fast.update(coll), whole.update(coll)
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+        never = fast._member_arrays()[-1]
+        skipped += int(never.any())
+    assert skipped == len(batches)  # the tp4 groups lie within a node: they were skipped
