@@ -16,7 +16,10 @@ replicas: 4096 ranks at scale 1, the simulator's operation mix, 12 iterations) g
 4. *store*: a processor with its own consumer group that only stores the raw events
    (``--no-detect``): ``ranks_realtime_store``;
 5. *detect, 1 s windows*: as 3 with the detectors fed 1 s windows instead of 100 ms
-   (``--window-ms 1000``, as ``failslow analyze --window-ms 1000``).
+   (``--window-ms 1000``, as ``failslow analyze --window-ms 1000``);
+6. *detect, per group*: as 3 with one group's detectors (``--detectors``,
+   :data:`DETECTOR_GROUPS`): the detection stages of ``stages``, each on a core of its own,
+   against 3 (every detector in one group) as their baseline.
 
 Capacity is a processor's CPU time (all its threads, pinned to one core) per iteration of
 the job, measured as rows over CPU seconds: *overall* (first message to last checkpoint,
@@ -326,6 +329,9 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
         # 3-5. from the backlog, each with its own consumer group on the same core
         runs = {"detect": ("--no-store-events",), "store": ("--no-detect",),
                 "detect_1s_windows": ("--no-store-events", "--window-ms", "1000")}
+        # 6. the detection split over consumer groups by detector (process --detectors)
+        runs.update({f"detect_{group}": ("--no-store-events", "--detectors", names)
+                     for group, names in DETECTOR_GROUPS})
         for name, extra in runs.items():
             run_dir = Path(tmp) / name
             run_dir.mkdir()
@@ -352,9 +358,15 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+#: One job's detection split over consumer groups, as the README and docker-compose.yml
+#: run it (``failslow process --detectors``): group name and detectors.
+DETECTOR_GROUPS = (("slowdown", "slowdown,linkrate"), ("hang", "hang"))
+
 #: The stages of the pipeline today, the processor run that measures each, and whether one
-#: job's work in it can be spread over processes (issue 13 item 3).
-STAGES = (("store", "store", False), ("detect", "detect", False))
+#: job's work in it can be spread over processes (issue 13 item 3): storing, and detection
+#: in its consumer groups. ``detect`` (every detector in one group) is their baseline.
+STAGES = (("store", "store", False),
+          *((f"detect-{group}", f"detect_{group}", False) for group, _ in DETECTOR_GROUPS))
 
 
 def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
@@ -364,14 +376,15 @@ def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
     cannot spread over processes and one core does not keep up with); the job-level stage's
     input against the raw ``coll`` stream."""
     trace_s = figures["iterations"] * figures["simulated_iteration_s"]
-    stages = []
-    for name, phase, shardable in STAGES:
-        ph = phases[phase]
-        cpu = ph["cpu_s_per_iteration"] * figures["iterations"]
+
+    def stage(name: str, phase: str, shardable: bool) -> dict[str, Any]:
+        cpu = phases[phase]["cpu_s_per_iteration"] * figures["iterations"]
         per_trace_s = cpu / max(trace_s, 1e-9)
-        stages.append({"name": name, "shardable": shardable,
-                       "cpu_s_per_trace_s": round(per_trace_s, 3),
-                       "ranks_per_core": int(figures["ranks"] / max(per_trace_s, 1e-9))})
+        return {"name": name, "shardable": shardable,
+                "cpu_s_per_trace_s": round(per_trace_s, 3),
+                "ranks_per_core": int(figures["ranks"] / max(per_trace_s, 1e-9))}
+
+    stages = [stage(*s) for s in STAGES]
 
     def cores(ranks: int) -> int | None:
         total = 0
@@ -384,6 +397,8 @@ def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
 
     return {"stages": stages, "cores_for_16384_ranks": cores(16384),
             "cores_for_65536_ranks": cores(65536),
+            # the baseline: every detector in one consumer group
+            "detect_in_one_group": stage("detect", "detect", False),
             # the job-level stage (the detectors) reads the raw rows today
             "job_stage_row_ratio": 1.0}
 

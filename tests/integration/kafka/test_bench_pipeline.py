@@ -59,20 +59,27 @@ def test_headline_is_the_more_expensive_of_steady_and_overall() -> None:
 
 
 def test_stage_figures_keys_and_cores() -> None:
-    """Issue 13's keys from the store and detect runs: CPU per trace second, ranks per core,
-    and no core count for a job a stage cannot spread over processes."""
+    """Issue 13's keys from the store run and the detection groups' runs: CPU per trace
+    second, ranks per core, and no core count for a job a stage cannot spread over
+    processes; the one-group detection run is their baseline."""
     from failslow.bench.pipeline import stage_figures
 
     figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
-    phases = {"store": {"cpu_s_per_iteration": 0.1}, "detect": {"cpu_s_per_iteration": 1.0}}
+    phases = {"store": {"cpu_s_per_iteration": 0.1}, "detect": {"cpu_s_per_iteration": 1.2},
+              "detect_slowdown": {"cpu_s_per_iteration": 1.0},
+              "detect_hang": {"cpu_s_per_iteration": 0.25}}
     out = stage_figures(phases, figures)
     stages = {s["name"]: s for s in out["stages"]}
+    assert list(stages) == ["store", "detect-slowdown", "detect-hang"]
     assert stages["store"]["cpu_s_per_trace_s"] == pytest.approx(0.2)
     assert stages["store"]["ranks_per_core"] == 4096 * 5
-    assert stages["detect"]["cpu_s_per_trace_s"] == pytest.approx(2.0)
-    assert stages["detect"]["ranks_per_core"] == 2048
-    # detection of one job runs in one process: 16,384 ranks need 8 cores of it
+    assert stages["detect-slowdown"]["cpu_s_per_trace_s"] == pytest.approx(2.0)
+    assert stages["detect-slowdown"]["ranks_per_core"] == 2048
+    assert stages["detect-hang"]["ranks_per_core"] == 4096 * 2
+    assert out["detect_in_one_group"]["ranks_per_core"] == int(4096 / 2.4)
+    # a group's detection of one job runs in one process: 16,384 ranks need 8 cores of it
     assert out["cores_for_16384_ranks"] is None and out["cores_for_65536_ranks"] is None
     assert out["job_stage_row_ratio"] == 1.0
-    cheap = {"store": {"cpu_s_per_iteration": 0.01}, "detect": {"cpu_s_per_iteration": 0.05}}
-    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 2
+    cheap = {name: {"cpu_s_per_iteration": 0.01} for name in phases}
+    # one core per stage when each keeps up with the job on one core
+    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 3

@@ -49,7 +49,7 @@ def test_every_service_and_ports_on_loopback_only() -> None:
     doc = _compose()
     services = doc["services"]
     assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "archiver",
-                             "notifier", "agent", "prometheus",
+                             "notifier", "agent", "prometheus", "hang-detector",
                              "demo", "demo-notifier", "webhook-receiver"}  # profile demo
     published = []
     for name, s in services.items():
@@ -205,3 +205,21 @@ def test_prometheus_scrapes_the_processor_on_loopback() -> None:
     assert "FAILSLOW_METRICS_PORT" not in _env(services["processor"])  # the default port
     graf = _env(services["grafana"])
     assert graf["FAILSLOW_PROMETHEUS_URL"] == "http://processor:9090"
+
+
+def test_split_profile_runs_one_jobs_detectors_in_two_groups() -> None:
+    """``--profile split``: the hang detector in its own consumer group, the processor told
+    (FAILSLOW_PROCESSOR_DETECTORS) to run the others; both name real detectors."""
+    from failslow.engine.registry import NAMES, JobConfig, parse_names
+
+    services = _compose()["services"]
+    hang, processor = services["hang-detector"], services["processor"]
+    assert hang["profiles"] == ["split"]
+    cmd = hang["command"]
+    assert parse_names(cmd[cmd.index("--detectors") + 1]) == {"hang"}
+    assert cmd[cmd.index("--group") + 1] not in ("failslow-processor", "failslow-archiver")
+    assert "--no-store-events" in cmd
+    assert _env(processor)["FAILSLOW_DETECTORS"] == "${FAILSLOW_PROCESSOR_DETECTORS:-}"
+    # the README's split runs every registered detector, each in exactly one group
+    groups = [JobConfig(detectors=parse_names(names)) for names in ("slowdown,linkrate", "hang")]
+    assert [sum(g.enabled(n) for g in groups) for n in NAMES] == [1] * len(NAMES)
