@@ -26,6 +26,9 @@ from failslow.detectors.iterations.rank_state import _Rank, commit_anchor
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 
+#: job iterations and reference boundaries kept (the latest ones): bounded state
+HISTORY = 4096
+
 
 @dataclass
 class IterationConfig:
@@ -74,7 +77,10 @@ class IterationTracker:
         # job level: per-rank rows of iterations not yet summarized
         self._pend = np.zeros((0, 4), dtype=np.int64)  # idx, rank, t_start, duration
         self.job_last_idx = -1
-        self.job: list[tuple[int, int, int]] = []  # (idx, t_start, duration) of the job
+        # (idx, t_start, duration) of the job's latest HISTORY iterations, and how many
+        # there were: the state stays bounded for a job that runs for days
+        self.job: list[tuple[int, int, int]] = []
+        self.job_count = 0
         # the first rank to learn its period is the reference: the others anchor their
         # iterations at the operation closest in time to its boundaries, and number them
         # like it, so one delay falls into the same job iteration on every rank
@@ -107,14 +113,15 @@ class IterationTracker:
         return self.ranks[known[0]].period if known else None
 
     def summary(self) -> dict[str, Any] | None:
-        """``{"period_ops", "median_s", "count"}`` of the job (diagnosis.md)."""
+        """``{"period_ops", "median_s", "count"}`` of the job (diagnosis.md): ``count`` job
+        iterations so far, ``median_s`` over the latest :data:`HISTORY` of them."""
         if not self.job:
             p = self.period_ops()
             return None if p is None else {"period_ops": p, "median_s": None, "count": 0}
         durations = np.array([d for _, _, d in self.job], dtype=np.float64)
         return {"period_ops": self.period_ops(),
                 "median_s": round(float(np.median(durations)) / 1e9, 6),
-                "count": len(self.job)}
+                "count": self.job_count}
 
     # ------------------------------------------------------------------ update
 
@@ -280,7 +287,7 @@ class IterationTracker:
             ref = b[b[:, 0] == self.ref_rank]
             if len(ref):
                 allb = np.concatenate([self.ref_bounds, ref[:, 1:]])
-                self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-4096:]
+                self.ref_bounds = allb[np.argsort(allb[:, 1], kind="stable")][-HISTORY:]
         return b
 
     def _anchor_table(self, top: int) -> np.ndarray:
@@ -544,9 +551,11 @@ class IterationTracker:
             dur = int((part[:, 2] + part[:, 3]).max()) - t0
             out.append((-1, idx, t0, t0 + dur))
             self.job.append((idx, t0, dur))
+            self.job_count += 1
             self.job_last_idx = emitted = idx
         if emitted >= 0:
             self._pend = self._pend[self._pend[:, 0] > emitted]
+            del self.job[:-HISTORY]
         # never let the pending set grow without bound (e.g. half the ranks are gone)
         if len(self._pend) and int(self._pend[:, 0].max()) - int(self._pend[:, 0].min()) > 64:
             top = int(self._pend[:, 0].max())
@@ -585,7 +594,7 @@ class IterationTracker:
                     for r, p in self._buf.items()},
             "pend": self._pend.tolist(),
             "job_last_idx": self.job_last_idx,
-            "job": [list(x) for x in self.job],
+            "job": [list(x) for x in self.job], "job_count": self.job_count,
             "ref_rank": self.ref_rank, "ref_bounds": self.ref_bounds.tolist(),
             "since": self._since.tolist(), "spans": self._spans.snapshot(),
         }
@@ -598,6 +607,7 @@ class IterationTracker:
         self._pend = np.array(state["pend"], dtype=np.int64).reshape(-1, 4)
         self.job_last_idx = int(state["job_last_idx"])
         self.job = [(int(a), int(b), int(c)) for a, b, c in state["job"]]
+        self.job_count = int(state.get("job_count", len(self.job)))
         self.ref_rank = int(state["ref_rank"])
         self.ref_bounds = np.array(state["ref_bounds"], dtype=np.int64).reshape(-1, 2)
         self._since = np.array(state["since"], dtype=np.int64)

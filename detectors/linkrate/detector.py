@@ -19,6 +19,8 @@ from failslow.diagnosis import Anomaly
 from failslow.events import NULL_TIME, JobMeta
 
 ID_PREFIX = "linkrate-"
+#: the job iterations kept (the latest ones; the window length and cost read them)
+ITER_HISTORY = 4096
 STAGE = {"pp": "pp_p2p", "dp": "dp_sync", "tp": "tp_collective"}
 _KIND_ORDER = {"pp": 0, "dp": 1, "tp": 2, "cp": 3}
 _SAMPLE_KEYS = ("lid", "t", "rate", "ts", "rnd")
@@ -109,7 +111,7 @@ class LinkRateDetector:
                 rows = np.stack([job.column("t_start").to_numpy().astype(np.int64),
                                  job.column("duration_ns").to_numpy().astype(np.int64)], axis=1)
                 it = np.concatenate([self.iters, rows])
-                self.iters = it[np.argsort(it[:, 0], kind="stable")][-4096:]
+                self.iters = it[np.argsort(it[:, 0], kind="stable")][-ITER_HISTORY:]
         if not self.width:
             self._fix_width()
             if not self.width:
