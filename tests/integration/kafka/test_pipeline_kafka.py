@@ -260,6 +260,18 @@ class TracePublisher:
     def done(self) -> bool:
         return self._next >= len(self.windows)
 
+    @property
+    def coll_midpoint_ns(self) -> int:
+        """The end of the first window by which half the ``coll`` rows are published (a
+        hang trace's collectives stop long before its end)."""
+        counts = [b["coll"].num_rows if "coll" in b else 0 for _, b in self.windows]
+        total, seen = sum(counts), 0
+        for (now, _), n in zip(self.windows, counts, strict=True):
+            seen += n
+            if 2 * seen >= total:
+                return int(now) + 1
+        return self.end_ns
+
     def close(self) -> None:
         self.transport.close()
 
@@ -422,18 +434,31 @@ def test_broker_stop_and_start_mid_stream_loses_nothing(broker: Broker, traces: 
     _assert_same_as_analyze(_query(broker, tmp_path, trace.job), trace)
 
 
+#: a job's detection split over two consumer groups (``--detectors``): the killed one, the
+#: other one, and a trace with anomalies of the killed one's detectors
+SPLITS = {"slowdown,linkrate": ("hang", "demo"), "hang": ("slowdown,linkrate", "hang-hardware")}
+
+
+@pytest.mark.parametrize("killed", [None, *SPLITS])
 def test_kill_9_mid_stream_and_restart_no_loss_no_duplicates(
-        broker: Broker, traces: dict[str, Trace], tmp_path: Path) -> None:
+        broker: Broker, traces: dict[str, Trace], tmp_path: Path, killed: str | None) -> None:
     """Half of the trace is published and checkpointed (committed, with a detector
     snapshot), the processor is killed with SIGKILL, the rest is published, and a new
-    processor resumes from the checkpoint: every row stored once, the same anomalies."""
-    trace, prefix = traces["demo"], _prefix()
+    processor resumes from the checkpoint: every row stored once, the same anomalies.
+    ``killed``: the processor runs only these detectors, one group of a job split by
+    detector (``--detectors``); the other group runs after it, and the store they share
+    holds the same diagnosis."""
+    trace = traces[SPLITS[killed][1] if killed else "demo"]
+    prefix = _prefix()
     # event time: the pauses of this test (checkpoint, kill, restart) are no silence of the job
-    args = ("--checkpoint-interval", "0.3", "--snapshot-interval", "1", "--clock", "event")
+    args: tuple[str, ...] = ("--checkpoint-interval", "0.3", "--snapshot-interval", "1",
+                             "--clock", "event")
+    if killed:
+        args += ("--detectors", killed)
     first = _start(broker, tmp_path, prefix, *args, name="first")
     pub = TracePublisher(broker, trace, prefix)
     try:
-        half = pub.publish(before_ns=(pub.start_ns + pub.end_ns) // 2)
+        half = pub.publish(before_ns=pub.coll_midpoint_ns)
         assert half > 0 and not pub.done
 
         def checkpointed() -> bool:
@@ -462,6 +487,11 @@ def test_kill_9_mid_stream_and_restart_no_loss_no_duplicates(
     assert stats["restored_jobs"] == 1, "the restarted processor relearned the job"
     assert 0 < stats["messages"] < pub.messages  # resumed, not from the start
     assert stats["errors"] == 0
+    if killed:  # the other group: the embedded store takes one process at a time
+        other = _start(broker, tmp_path, prefix, "--clock", "event", "--detectors",
+                       SPLITS[killed][0], "--group", f"other-{prefix}", "--no-store-events",
+                       "--exit-when-idle", "5", name="other")
+        assert other.wait(180) == 0, other.log.read_text()[-3000:]
     with Store(tmp_path) as sink:
         _assert_stored_once(sink, trace)
     _assert_same_as_analyze(_query(broker, tmp_path, trace.job), trace)
