@@ -192,7 +192,8 @@ class AnomalyLifecycle:
         """The slow iterations since the onset, each localized on its own against the same
         reference (cached), and what persists among them: a compute root (or a slow link)
         found in at least two of them and in ``consistency`` of the iterations from its
-        first appearance on (that first one may be only partly slow). Returns (index of the
+        first appearance on (that first one may be only partly slow); an iteration no
+        slower than the level below is a miss for every rank and link. Returns (index of the
         first persistent iteration relative to the onset, communication persists?, its node
         pair, persistent compute roots), or None."""
         c = self.config
@@ -255,6 +256,14 @@ class AnomalyLifecycle:
                     return start
             return None
 
+        # an iteration no slower than the level below is no hit for any rank or link (its
+        # slowest ranks are the job's usual ones): a slow-down that went away does not
+        # persist in it
+        slow = durs > op.ref_iter_ns
+
+        def evidence(member: list[bool] | list[bool | None]) -> list[bool | None]:
+            return [None if m is None else bool(m and slow[i]) for i, m in enumerate(member)]
+
         starts: list[int] = []
         roots: list[tuple[int, int]] = []  # (start, rank)
         cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
@@ -262,8 +271,8 @@ class AnomalyLifecycle:
         # apart: an end of the open anomaly's slow link may start one iteration later
         ends = set(op.anomaly.get("link") or []) if op.state == "open" else set()
         for r in cands:
-            st = stretch([bool(sig and r in sig[2]) for sig in op.per_iter], by_chance=True,
-                         slack=int(r in ends))
+            st = stretch(evidence([bool(sig and r in sig[2]) for sig in op.per_iter]),
+                         by_chance=True, slack=int(r in ends))
             if st is not None:
                 roots.append((st, r))
                 starts.append(st)
@@ -275,7 +284,7 @@ class AnomalyLifecycle:
                    for sig in op.per_iter]
             # ... and a once-per-iteration round in the onset window may be the last
             # healthy one
-            st = stretch(self._informative(op, hit), slack=1)
+            st = stretch(evidence(self._informative(op, hit)), slack=1)
             if st is not None and (comm_start is None or st < comm_start):
                 comm_start, comm_nodes = st, list(pair)
         if comm_start is not None:
