@@ -1,9 +1,42 @@
 """Field-by-field comparison of two diagnoses (diagnosis.md dicts): what the parity tests of
-the offline analyzer and the stream assert is empty."""
+the offline analyzer and the stream assert is empty; and a trace published as ``failslow
+replay`` publishes it, for those tests."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from failslow.comms import infer_comms
+from failslow.engine.offline import is_post_mortem
+from failslow.events import JobMeta
+from failslow.replay import replay
+from failslow.stream.transport import Transport
+from failslow.tracedir import DATA_KINDS, TraceDir
+
+
+def publish_trace(trace: Path, buses: Sequence[Transport]) -> JobMeta:
+    """Publish a one-job trace directory on every bus as ``failslow replay`` does: the meta
+    (communicators inferred when it has none), then 100 ms windows each with its
+    watermark, and a post-mortem trace's end mark. Returns the meta."""
+    td = TraceDir(trace)
+    [meta] = list(td.metas().values())
+    tables = {k: td.read(k) for k in DATA_KINDS if k in td.kinds}
+    if not meta.comms:
+        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
+    kinds = [k for k, t in tables.items() if t.num_rows]
+    for bus in buses:
+        bus.publish_meta(meta)
+    now = None
+    for now, batch in replay(tables, 100_000_000):
+        for bus in buses:
+            bus.publish_batch(meta.job, batch, watermark=now, kinds=kinds)
+    if now is not None and is_post_mortem(trace):
+        for bus in buses:
+            bus.publish_batch(meta.job, {}, watermark=now, kinds=kinds, end="post-mortem")
+    return meta
 
 
 def differences(offline: dict[str, Any], online: dict[str, Any]) -> list[str]:

@@ -8,7 +8,6 @@ in-process bus per group, fed the same messages in the same order.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -16,16 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.parity import differences
+from support.parity import differences, publish_trace
 
 from conftest import SHARED
-from failslow.comms import infer_comms
-from failslow.engine.offline import analyze, is_post_mortem
-from failslow.replay import replay
+from failslow.engine.offline import analyze
 from failslow.stream import clickhouse as ch
 from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.transport import InProcessTransport
-from failslow.tracedir import DATA_KINDS, TraceDir
 
 #: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
 PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
@@ -38,25 +34,12 @@ FLIGHT_RECORDER = SHARED / "data" / "flight-recorder" / "gpu_error_1st"
 def _split_diagnosis(trace: Path, store: Path) -> tuple[dict[str, Any], dict[str, set[str]]]:
     """The store's diagnosis after one processor per group, and the anomaly ids each group
     reported."""
-    td = TraceDir(trace)
-    [meta] = list(td.metas().values())
-    tables = {k: td.read(k) for k in DATA_KINDS if k in td.kinds}
-    if not meta.comms:  # as failslow replay does
-        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
-    kinds = [k for k, t in tables.items() if t.num_rows]
     buses = {}
     for group in GROUPS:
         bus = InProcessTransport()
         bus.group = group  # its checkpoints and write tokens are its own, as in Kafka
         buses[group] = bus
-        bus.publish_meta(meta)
-    now = None
-    for now, batch in replay(tables, 100_000_000):
-        for bus in buses.values():
-            bus.publish_batch(meta.job, batch, watermark=now, kinds=kinds)
-    if now is not None and is_post_mortem(trace):
-        for bus in buses.values():
-            bus.publish_batch(meta.job, {}, watermark=now, kinds=kinds, end="post-mortem")
+    meta = publish_trace(trace, list(buses.values()))
     reported: dict[str, set[str]] = {}
     for group, names in GROUPS.items():
         sink = ch.ClickHouseSink(ch.connect(store))

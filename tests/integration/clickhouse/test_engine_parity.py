@@ -18,7 +18,6 @@ over a sliding window of steps; offline it sees the whole trace).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -26,17 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.parity import differences
+from support.parity import differences, publish_trace
 
 from conftest import SHARED
-from failslow.comms import infer_comms
 from failslow.engine.offline import analyze, is_post_mortem
-from failslow.replay import replay
 from failslow.simulator import PRESETS
 from failslow.stream import clickhouse as ch
 from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.transport import InProcessTransport
-from failslow.tracedir import DATA_KINDS, TraceDir
 
 #: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
 PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
@@ -46,19 +42,8 @@ PARITY_PRESETS = sorted(p for p in PRESETS if p != "large")
 
 
 def _stream_diagnosis(trace: Path, store: Path) -> dict[str, Any]:
-    td = TraceDir(trace)
-    [meta] = list(td.metas().values())
-    tables = {k: td.read(k) for k in DATA_KINDS if k in td.kinds}
-    if not meta.comms:  # as failslow replay does
-        meta = dataclasses.replace(meta, comms=infer_comms(tables["coll"], meta))
-    kinds = [k for k, t in tables.items() if t.num_rows]
     bus = InProcessTransport()
-    bus.publish_meta(meta)
-    now = None
-    for now, batch in replay(tables, 100_000_000):
-        bus.publish_batch(meta.job, batch, watermark=now, kinds=kinds)
-    if now is not None and is_post_mortem(trace):
-        bus.publish_batch(meta.job, {}, watermark=now, kinds=kinds, end="post-mortem")
+    meta = publish_trace(trace, [bus])
     sink = ch.ClickHouseSink(ch.connect(store))
     try:
         StreamProcessor(bus, sink, ProcessorConfig(**PROCESS_DEFAULTS)).run()
