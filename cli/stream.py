@@ -353,7 +353,6 @@ def cmd_process(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
         return 2
-
     from failslow.settings import redact_url
 
     bootstrap = _kafka_or_exit(args, "process")

@@ -111,13 +111,13 @@ class JobAnalyzer:
                 meta.job, self.config.planner,
                 AnomalyPlans(meta, max(1, self.config.planner_multiple_of)))
 
-    # the registered detectors by role (None: not enabled)
     @property
     def tracks_iterations(self) -> bool:
         """This engine runs the iteration tracker: its diagnosis has the iterations summary
         (an engine may run only some detectors: ``failslow process --detectors``)."""
         return "iterations" in self.detectors
 
+    # the registered detectors by role (None: not enabled)
     @property
     def tracker(self) -> IterationTracker:
         return cast(IterationTracker, self.detectors["iterations"])
