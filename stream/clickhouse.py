@@ -182,6 +182,25 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def is_embedded(client: Any) -> bool:
+    """Whether ``client`` is clickhouse-connect's in-process chDB client."""
+    return type(client).__name__ == "ChdbClient"
+
+
+def insert_in_process(client: Any, table: str, failslow_insert_block: pa.Table,
+                      settings: dict[str, Any]) -> None:
+    """Insert an Arrow table into embedded chDB where it lies in memory: chDB's ``Python()``
+    table function finds it by its variable name in the calling frames. clickhouse-connect's
+    ``insert_arrow`` writes an Arrow file into memory, copies it and writes it to a
+    temporary file that chDB reads back: for the raw event tables that was most of the
+    storing stage's CPU (``failslow bench pipeline``, stage ``store``).
+    ``tests/integration/clickhouse/test_insert_paths.py`` checks that both store the same
+    rows."""
+    columns = ", ".join(f"`{c}`" for c in failslow_insert_block.column_names)
+    client.command(f"INSERT INTO {table} ({columns}) SELECT {columns} "
+                   "FROM Python(failslow_insert_block)", settings=settings or None)
+
+
 class Store:
     """One ClickHouse database, connected on first use: ``client`` (already connected) or
     ``connect`` (called, and called again after a failure, until it works). The schema is
@@ -252,8 +271,12 @@ class Store:
             # that plain reads see one row per report.
             settings["optimize_on_insert"] = 0
         data = select_schema(table, spec.schema)
-        self.run(lambda c: c.insert_arrow(f"`{self.database}`.`{name}`", data,
-                                          settings=settings or None))
+        if name in RAW_EVENT_TABLES and is_embedded(self.client):
+            self.run(lambda c: insert_in_process(c, f"`{self.database}`.`{name}`", data,
+                                                 settings))
+        else:
+            self.run(lambda c: c.insert_arrow(f"`{self.database}`.`{name}`", data,
+                                              settings=settings or None))
 
     def close(self) -> None:
         if self._client is not None:
