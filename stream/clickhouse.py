@@ -84,6 +84,10 @@ T = TypeVar("T")
 
 #: The tables of the event contract's record kinds other than ``meta`` (raw collector rows).
 RAW_EVENT_TABLES = frozenset(t.name for t in results.EVENT_TABLES if t.name != "meta")
+#: Tables of flat columns (no lists), which embedded chDB reads in place
+#: (:func:`insert_in_process`).
+IN_PROCESS_TABLES = frozenset(name for name, spec in SPECS.items()
+                              if not any(pa.types.is_nested(f.type) for f in spec.schema))
 #: Tables the processor's sink writes to.
 DATA_TABLES = tuple(t.name for t in results.EVENT_TABLES + results.OUTPUT_TABLES)
 
@@ -192,10 +196,10 @@ def insert_in_process(client: Any, table: str, failslow_insert_block: pa.Table,
     """Insert an Arrow table into embedded chDB where it lies in memory: chDB's ``Python()``
     table function finds it by its variable name in the calling frames. clickhouse-connect's
     ``insert_arrow`` writes an Arrow file into memory, copies it and writes it to a
-    temporary file that chDB reads back: for the raw event tables that was most of the
-    storing stage's CPU (``failslow bench pipeline``, stage ``store``).
-    ``tests/integration/clickhouse/test_insert_paths.py`` checks that both store the same
-    rows."""
+    temporary file that chDB reads back. That was most of the storing stage's CPU (``failslow
+    bench pipeline``, stage ``store``), and a seventh of the detection stage's (its
+    ``rounds``). ``tests/integration/clickhouse/test_insert_paths.py`` checks that both
+    paths store the same rows."""
     columns = ", ".join(f"`{c}`" for c in failslow_insert_block.column_names)
     client.command(f"INSERT INTO {table} ({columns}) SELECT {columns} "
                    "FROM Python(failslow_insert_block)", settings=settings or None)
@@ -271,7 +275,7 @@ class Store:
             # that plain reads see one row per report.
             settings["optimize_on_insert"] = 0
         data = select_schema(table, spec.schema)
-        if name in RAW_EVENT_TABLES and is_embedded(self.client):
+        if name in IN_PROCESS_TABLES and is_embedded(self.client):
             self.run(lambda c: insert_in_process(c, f"`{self.database}`.`{name}`", data,
                                                  settings))
         else:
