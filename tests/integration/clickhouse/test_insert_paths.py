@@ -1,8 +1,7 @@
 """Embedded chDB stores tables of flat columns (raw events, rounds, iterations, ...) through
 its ``Python()`` table function (:func:`failslow.stream.clickhouse.insert_in_process`)
-instead of clickhouse-connect's
-``insert_arrow``: both paths must store the same rows, and a repeated block must be dropped
-by its deduplication token on either."""
+instead of clickhouse-connect's ``insert_arrow``: both paths must store the same rows, and a
+repeated block must be dropped by its deduplication token on either."""
 
 from __future__ import annotations
 
