@@ -158,9 +158,9 @@ class Durations:
         self.exp[uniq] = np.take_along_axis(block, at[:, None], axis=1)[:, 0]
 
     def to_state(self) -> dict[str, Any]:
-        return {"row": self.stat_row.tolist(), "dur": self.dur.tolist(),
-                "pos": self.pos.tolist(), "n": self.n.tolist(),
-                "exp": self.exp.tolist(), "tail": self.tail.tolist()}
+        return {"row": self.stat_row.copy(), "dur": self.dur.copy(),
+                "pos": self.pos.copy(), "n": self.n.copy(),
+                "exp": self.exp.copy(), "tail": self.tail.copy()}
 
     def load(self, st: dict[str, Any]) -> None:
         self.stat_row = np.asarray(st["row"], dtype=np.int64).reshape(-1, N_KEYS)

@@ -88,7 +88,7 @@ class QueuePairs:
 
     def to_state(self) -> dict[str, Any]:
         return {"keys": list(self.ids), "info": [list(i) for i in self.info],
-                **{n: a.tolist() for n, a in self.qp.items()}}
+                **{n: a.copy() for n, a in self.qp.items()}}
 
     def load(self, qp: dict[str, Any]) -> None:
         self.ids = {k: i for i, k in enumerate(qp["keys"])}

@@ -138,9 +138,9 @@ class RankClock:
         return {c: block[:, j] for j, c in enumerate(_RING)}
 
     def to_state(self) -> dict[str, Any]:
-        return {"last": self.last.tolist(), "gap": self.gap.tolist(),
-                "ngap": self.ngap.tolist(), "lag": self.lag.tolist(),
-                "ring_z": _pack_z(self.ring), "ring_n": self.ring_n.tolist()}
+        return {"last": self.last.copy(), "gap": self.gap.copy(),
+                "ngap": self.ngap.copy(), "lag": self.lag.copy(),
+                "ring_z": _pack_z(self.ring), "ring_n": self.ring_n.copy()}
 
     def load(self, rk: dict[str, Any]) -> None:
         self.last = np.asarray(rk["last"], dtype=np.int64)

@@ -39,15 +39,15 @@ def _unpack_z(text: str, count: int) -> np.ndarray:
 
 
 def snapshot(det: HangDetector) -> dict[str, Any]:
-    """The detector's state as JSON-ready values."""
+    """The detector's state as JSON-ready values and numpy arrays."""
     fl = det.flight
     return {
         "version": VERSION, "latest": det.latest, "now": det.now, "first_t": det.ranks.first_t,
         "comms": det.comms.to_state(),
         "cr": fl.cr.to_state(), "crk": det.comms.crk.to_state(),
         "pairs": fl.pairs.to_state(),
-        "inflight": {n: a.tolist() for n, a in fl.fl.items()},
-        "orphans": {n: a.tolist() for n, a in fl.orphans.items()},
+        "inflight": {n: a.copy() for n, a in fl.fl.items()},
+        "orphans": {n: a.copy() for n, a in fl.orphans.items()},
         "stats": det.durations.to_state(),
         "ranks": det.ranks.to_state(),
         "qp": det.links.to_state(),

@@ -177,7 +177,7 @@ class _Sorted:
         return slice(int(np.searchsorted(self.keys, lo)), int(np.searchsorted(self.keys, hi)))
 
     def to_state(self) -> dict[str, Any]:
-        return {"keys": self.keys.tolist(), **{n: c.tolist() for n, c in self.cols.items()}}
+        return {"keys": self.keys.copy(), **{n: c.copy() for n, c in self.cols.items()}}
 
     def load(self, state: dict[str, Any]) -> None:
         self.keys = np.asarray(state["keys"], dtype=np.int64)

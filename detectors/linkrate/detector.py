@@ -38,15 +38,6 @@ def _empty(keys: tuple[str, ...], bool_key: str = "") -> dict[str, np.ndarray]:
                         (np.int64 if k in ("lid", "t", "qp", "rnd") else np.float64)) for k in keys}
 
 
-def _json_list(v: np.ndarray) -> list[Any]:
-    """An array as JSON-able lists, NaN as None."""
-    if v.dtype.kind != "f":
-        return list(v.tolist())
-    o = v.astype(object)
-    o[np.isnan(v)] = None
-    return list(o.tolist())
-
-
 class LinkRateDetector:
     """Per-link transfer rates against the link's own baseline and its peers' (detector
     protocol). ``update`` also reads the job's iteration rows (``iterations`` in the batch:
@@ -569,11 +560,11 @@ class LinkRateDetector:
         return {"samples": self.samples.snapshot(), "queues": self.queues.snapshot(),
                 "width": self.width, "origin": self.origin, "next_w": self.next_w,
                 "max_t": self.max_t,
-                "pending": {k: v.tolist() for k, v in self.pending.items()},
-                "qpending": {k: v.tolist() for k, v in self.qpending.items()},
-                "iters": self.iters.tolist(),
-                "links": {k: _json_list(v) for k, v in self.lk.items()},
-                "q": {k: v.tolist() for k, v in self.q.items()},
+                "pending": {k: v.copy() for k, v in self.pending.items()},
+                "qpending": {k: v.copy() for k, v in self.qpending.items()},
+                "iters": self.iters.copy(),
+                "links": {k: v.copy() for k, v in self.lk.items()},
+                "q": {k: v.copy() for k, v in self.q.items()},
                 "open": self.open, "deferred": self.deferred, "next_id": self.next_id}
 
     def restore(self, state: dict[str, Any]) -> None:

@@ -77,7 +77,7 @@ class QueueTracker:
 
     def snapshot(self) -> dict[str, Any]:
         return {"index": [[r, n, q] for (r, n), q in self.index.items()],
-                "last": self.last.tolist(), "seen": self.seen}
+                "last": self.last.copy(), "seen": self.seen}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.index = {(int(r), str(n)): int(q) for r, n, q in state["index"]}

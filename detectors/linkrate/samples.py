@@ -349,7 +349,7 @@ class SampleExtractor:
 
     def snapshot(self) -> dict[str, Any]:
         return {"comms": self.comms.snapshot(), "links": self.links.snapshot(),
-                "pend_key": self.pend_key.tolist(), "pend_t": self.pend_t.tolist()}
+                "pend_key": self.pend_key.copy(), "pend_t": self.pend_t.copy()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.comms.restore(state["comms"])

@@ -187,7 +187,7 @@ class BinTable:
         return hit
 
     def snapshot(self) -> dict[str, Any]:
-        return {k: v.tolist() for k, v in self.data.items()}
+        return {k: v.copy() for k, v in self.data.items()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self._data = {k: np.array(state[k], dtype=np.float64 if k in self.floats else np.int64)

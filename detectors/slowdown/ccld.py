@@ -199,10 +199,10 @@ class CCLDMonitor:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"keys": self.keys.pairs(), "n": self.n.tolist(),
-                "b_t": self.b_t.tolist(), "b_max": self.b_max.tolist(),
-                "b_range": self.b_range.tolist(),
-                "first_t": self.first_t.tolist(), "frozen": self.frozen.tolist(),
+        return {"keys": self.keys.pairs(), "n": self.n.copy(),
+                "b_t": self.b_t.copy(), "b_max": self.b_max.copy(),
+                "b_range": self.b_range.copy(),
+                "first_t": self.first_t.copy(), "frozen": self.frozen.copy(),
                 "windows": self.windows.snapshot(), "closed": self.closed,
                 "hist": [[k, v] for k, v in self.hist.items()],
                 "run": [[k, v] for k, v in self.run.items()], "alarms": self.alarms}

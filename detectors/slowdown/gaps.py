@@ -198,8 +198,8 @@ class GapTracker:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"last_end": self.last_end.tolist(), "ctx": self.ctx.tolist(),
-                "tp_ctx": self.tp_ctx.tolist()}
+        return {"last_end": self.last_end.copy(), "ctx": self.ctx.copy(),
+                "tp_ctx": self.tp_ctx.copy()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.last_end = np.array(state["last_end"], dtype=np.int64)

@@ -91,9 +91,9 @@ class LinkTracker:
 
     def snapshot(self) -> dict[str, Any]:
         return {"index": [[k, v] for k, v in self.index.items()],
-                "node_names": list(self.node_names), "qp_node": self.qp_node.tolist(),
-                "qp_peer": self.qp_peer.tolist(), "qp_rank": self.qp_rank.tolist(),
-                "last": self.last.tolist()}
+                "node_names": list(self.node_names), "qp_node": self.qp_node.copy(),
+                "qp_peer": self.qp_peer.copy(), "qp_rank": self.qp_rank.copy(),
+                "last": self.last.copy()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.index = {str(k): int(v) for k, v in state["index"]}

@@ -244,9 +244,9 @@ class RoundJoiner:
         )
 
     def snapshot(self) -> dict[str, Any]:
-        return {"pending": {c: (v.view(np.int64) if c == "comm" else v).tolist()
+        return {"pending": {c: (v.view(np.int64) if c == "comm" else v).copy()
                             for c, v in self.pending.items()},
-                "p2p_keys": self.p2p_keys.tolist(), "p2p_counts": self.p2p_counts.tolist()}
+                "p2p_keys": self.p2p_keys.copy(), "p2p_counts": self.p2p_counts.copy()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.pending = {c: np.array(state["pending"][c], dtype=np.int64) for c in _POP}

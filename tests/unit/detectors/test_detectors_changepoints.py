@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from support.snapshots import roundtrip
 
 from failslow.detectors.changepoints import (
     BOCD,
@@ -105,7 +104,7 @@ def test_tracker_snapshot_restore_is_exact() -> None:
     a = ChangeTracker()
     got = [(c.kind, c.index, c.detected_index) for v in x[:45] for c in a.push(float(v))]
     b = ChangeTracker()
-    b.restore(json.loads(json.dumps(a.snapshot())))
+    b.restore(roundtrip(a.snapshot()))
     got += [(c.kind, c.index, c.detected_index) for v in x[45:] for c in b.push(float(v))]
     assert got == expected
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.snapshots import roundtrip
 
 from failslow import events
 from failslow.detectors.base import EventBatch
@@ -730,7 +731,7 @@ def test_snapshot_restore_resumes_without_rereporting() -> None:
     for cut in (len(steps) // 3, opened_at + 2):
         det = HangDetector(job.meta())
         got = feed(det, steps[:cut])
-        state = json.loads(json.dumps(det.snapshot()))
+        state = roundtrip(det.snapshot())
         det2 = HangDetector(job.meta())
         det2.restore(state)
         got += feed(det2, steps[cut:])
@@ -1010,9 +1011,9 @@ def test_snapshot_ring_is_compressed_and_old_snapshots_restore() -> None:
     steps = timeline(job.run())
     det = HangDetector(job.meta())
     feed(det, steps[: len(steps) // 2])
-    state = json.loads(json.dumps(det.snapshot()))
+    state = roundtrip(det.snapshot())
     assert "ring_z" in state["ranks"] and "ring" not in state["ranks"]
-    old = json.loads(json.dumps(state))
+    old = roundtrip(state)
     old["ranks"].pop("ring_z")
     from failslow.detectors.hang.state import _pack
 

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from support.snapshots import roundtrip
 from support.synth_jobs import generate
 
 from failslow.detectors.iterations import IterationTracker, find_period, symbols
@@ -89,7 +90,6 @@ def test_batch_size_does_not_change_the_result(dp: int) -> None:
 
 
 def test_snapshot_restore_mid_learning() -> None:
-    import json
 
     job = generate(tp=2, pp=1, dp=2, iterations=20)
     batches = list(replay(job.tables, 20_000_000))
@@ -98,7 +98,7 @@ def test_snapshot_restore_mid_learning() -> None:
     a = IterationTracker(job.meta)
     rows = [a.track(b) for _, b in batches[:5]]  # still learning the period
     b = IterationTracker(job.meta)
-    b.restore(json.loads(json.dumps(a.snapshot())))
+    b.restore(roundtrip(a.snapshot()))
     rows += [b.track(x) for _, x in batches[5:]]
     assert pa.concat_tables(rows).equals(ref_rows)
 

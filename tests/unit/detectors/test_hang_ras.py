@@ -5,11 +5,11 @@ inconsistent, H3 candidate for a stall that lasted the detector's timeout)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from support.snapshots import roundtrip
 from test_detectors_hang import MS, Fault, Job, S, drive, step_index, timeline
 
 from failslow import events
@@ -199,14 +199,14 @@ def test_snapshot_restore_with_ras_and_older_snapshots() -> None:
     for cut in range(1, len(steps), max(1, len(steps) // 7)):
         det = HangDetector(job.meta())
         got = feed(det, steps[:cut])
-        state = json.loads(json.dumps(det.snapshot()))
+        state = roundtrip(det.snapshot())
         det2 = HangDetector(job.meta())
         det2.restore(state)
         assert feed(det2, steps[cut:]) == ref[len(got):] and got == ref[:len(got)]
     # a snapshot from before RAS evidence existed still restores
     det = HangDetector(job.meta())
     feed(det, steps[: len(steps) // 2])
-    old = json.loads(json.dumps(det.snapshot()))
+    old = roundtrip(det.snapshot())
     old.pop("ras")
     HangDetector(job.meta()).restore(old)
 

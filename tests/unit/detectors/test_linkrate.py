@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pytest
+from support.snapshots import roundtrip
 
 from failslow.bench import heldout as hg
 from failslow.detectors.linkrate import LinkRateConfig
@@ -129,7 +129,7 @@ def test_snapshot_restore_mid_trace_gives_the_same_reports(traces: dict[str, Any
     cut = len(batches) * 2 // 5
     first = JobAnalyzer(meta)
     part = _reports(first, batches[:cut])
-    state = json.loads(json.dumps(first.snapshot()))
+    state = roundtrip(first.snapshot())
     second = JobAnalyzer(meta)
     second.restore(state)
     part += _reports(second, batches[cut:])

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.snapshots import roundtrip
 
 from failslow.bench import accuracy
 from failslow.detectors.slowdown import _persistence_chance
@@ -159,7 +160,6 @@ def test_a_severe_straggler_is_confirmed_within_its_first_slow_iteration() -> No
 def test_streaming_with_restarts_matches_offline() -> None:
     """The vectorized state (id maps, cached window sums, communicator lookup) gives the same
     reports whatever the batching, and across snapshot/restore through JSON."""
-    import json
 
     from failslow.detectors.slowdown import SlowdownDetector
     from failslow.replay import replay
@@ -176,7 +176,7 @@ def test_streaming_with_restarts_matches_offline() -> None:
         out = []
         for i, (_, batch) in enumerate(replay(tables, window_ns)):
             if restart_every and i % restart_every == restart_every - 1:
-                state = json.loads(json.dumps(det.snapshot()))
+                state = roundtrip(det.snapshot())
                 det = SlowdownDetector(sim.meta)
                 det.restore(state)
             out += [a.to_dict() for a in det.update(batch)]

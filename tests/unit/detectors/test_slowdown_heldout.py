@@ -15,6 +15,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from support.snapshots import roundtrip
+
 from failslow.bench import heldout as hg
 from failslow.bench.heldout_score import elapsed_iterations
 from failslow.detectors.slowdown import CommRegistry
@@ -133,7 +135,6 @@ def test_fixed_diagnoses_do_not_depend_on_batch_width(tmp_path: Path) -> None:
 def test_split_anomalies_survive_snapshot_and_restore(tmp_path: Path) -> None:
     """The second anomaly of a split level is part of the detector's state: restarting
     from JSON snapshots every few batches gives the same reports as one run."""
-    import json
 
     from failslow.detectors.slowdown import SlowdownDetector, infer_comms
     from failslow.replay import replay
@@ -149,7 +150,7 @@ def test_split_anomalies_survive_snapshot_and_restore(tmp_path: Path) -> None:
         out = []
         for i, (_, batch) in enumerate(replay(tables, 200_000_000)):
             if restart_every and i % restart_every == restart_every - 1:
-                state = json.loads(json.dumps(det.snapshot()))
+                state = roundtrip(det.snapshot())
                 det = SlowdownDetector(meta)
                 det.restore(state)
             out += [a.to_dict() for a in det.update(batch)]

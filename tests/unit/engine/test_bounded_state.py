@@ -4,7 +4,6 @@ are shrunk here so that a short trace crosses them."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from failslow.detectors.linkrate import detector as linkrate_module
 from failslow.engine.analyzer import JobAnalyzer
 from failslow.events import parse_meta_row
 from failslow.replay import replay
+from failslow.stream.state import raw_payload
 
 #: the histories, shrunk (each one's default is 4096)
 HISTORY = 40
@@ -22,8 +22,9 @@ HISTORY = 40
 
 def _sizes(analyzer: JobAnalyzer) -> dict[str, int]:
     snap: dict[str, Any] = analyzer.snapshot()
-    sizes = {name: len(json.dumps(state)) for name, state in snap.pop("detectors").items()}
-    sizes["engine"] = len(json.dumps(snap))
+    # the snapshot payload before compression (arrays as raw bytes)
+    sizes = {name: len(raw_payload(state)) for name, state in snap.pop("detectors").items()}
+    sizes["engine"] = len(raw_payload(snap))
     return sizes
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
+from support.snapshots import roundtrip
 from support.synth_jobs import Fault, generate
 
 from failslow import results
@@ -53,7 +52,7 @@ def test_snapshot_restore_resumes_exactly() -> None:
     for cut in (len(batches) // 4, len(batches) // 2):
         first = JobAnalyzer(job.meta)
         a = _run(first, batches[:cut])
-        state = json.loads(json.dumps(first.snapshot()))
+        state = roundtrip(first.snapshot())
         second = JobAnalyzer(job.meta)
         second.restore(state)
         b = _run(second, batches[cut:])
@@ -124,7 +123,7 @@ def test_a_failing_detector_is_isolated_and_the_diagnosis_says_so() -> None:
     assert "incomplete" not in healthy.diagnosis().to_dict()
     # the failure survives a restart: the restored analyzer still skips the detector
     again = JobAnalyzer(job.meta)
-    again.restore(json.loads(json.dumps(analyzer.snapshot())))
+    again.restore(roundtrip(analyzer.snapshot()))
     assert again.failed == analyzer.failed
 
 

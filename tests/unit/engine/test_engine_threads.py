@@ -9,6 +9,7 @@ from failslow.engine import analyzer as analyzer_module
 from failslow.engine.analyzer import JobAnalyzer, waves
 from failslow.engine.offline import run_analyzer
 from failslow.simulator import scenario_from_dict, simulate
+from failslow.stream.state import pack
 
 
 def test_waves_follow_what_each_detector_reads() -> None:
@@ -46,7 +47,7 @@ def test_the_link_rate_samples_taken_beside_the_others_change_nothing(
     assert serial.diagnosis().to_dict() == ahead.diagnosis().to_dict()
     (found,) = ahead.diagnosis().anomalies
     assert found.extra.get("absorbed") is True  # the link-rate detector's report
-    assert serial.linkrate.snapshot() == ahead.linkrate.snapshot()  # type: ignore[union-attr]
+    assert pack(serial.linkrate.snapshot()) == pack(ahead.linkrate.snapshot())  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("preset", ["mixed", "hang-hardware"])

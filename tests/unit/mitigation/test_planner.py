@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.snapshots import roundtrip
 
 from failslow import results
 from failslow.diagnosis import Anomaly
@@ -172,7 +173,7 @@ def test_snapshot_keeps_skips_and_plans() -> None:
     advice = a.update(iterations(10 * S, [2.0] * 2), [slow("compute", 10 * S)])
     assert [x.action for x in advice] == ["skip"]
     b = MitigationPlanner("j", config, plans=_NoS2())
-    b.restore(json.loads(json.dumps(a.snapshot())))
+    b.restore(roundtrip(a.snapshot()))
     assert b.update(iterations(15 * S, [2.0] * 3), []) == []    # S2 not asked again
     assert np.isclose(b.snapshot()["open"]["a1"]["impact_s"], 5.0)
 
@@ -222,7 +223,7 @@ def test_job_analyzer_runs_the_planner_and_snapshots_it() -> None:
         got_whole += whole.update(batch).advice + whole.on_tick(now).advice
         if i == len(windows) // 2:  # restart half-way, from a JSON snapshot
             second = JobAnalyzer(res.meta, config)
-            second.restore(json.loads(json.dumps(first.snapshot())))
+            second.restore(roundtrip(first.snapshot()))
             first = second
         got_split += first.update(batch).advice + first.on_tick(now).advice
     assert [(a.strategy, a.action) for a in got_whole] == [("S2", "apply"), ("S2", "revert")]
@@ -249,6 +250,6 @@ def test_late_report_is_charged_the_slow_iterations_before_it() -> None:
     fresh.update(iterations(0, [1.0] * 10), [])
     fresh.update(iterations(start, [1.5] * 8), [])
     restored = MitigationPlanner("j", config)
-    restored.restore(json.loads(json.dumps(fresh.snapshot())))
+    restored.restore(roundtrip(fresh.snapshot()))
     again = restored.update(iterations(start + 12 * S, []), [slow("compute", start)])
     assert [a.to_dict() for a in again] == [a.to_dict() for a in advice]

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 from support import stream_synth as synth
+from support.snapshots import roundtrip
 
 from failslow.events import JobMeta
 from failslow.stream import transport as tr
@@ -281,14 +282,13 @@ def test_later_reports_have_larger_versions() -> None:
 
 
 def test_snapshot_and_restore_resume_a_job() -> None:
-    import json
 
     bus = InProcessTransport()
     bus.publish_meta(synth.meta())
     _publish_iterations(bus, synth.coll(iterations=15, slow_from=5))
     proc, made = _processor(bus, MemorySink())
     proc.run()
-    state = json.loads(json.dumps(proc.snapshot()))  # survives JSON
+    state = roundtrip(proc.snapshot())  # survives the snapshot payload
     fresh, made2 = _processor(bus, MemorySink())
     fresh.restore(state)
     assert fresh.jobs() == [JOB] and fresh.meta(JOB) == synth.meta()

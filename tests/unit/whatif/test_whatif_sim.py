@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from support.snapshots import roundtrip
 
 from failslow.replay import replay
 from failslow.simulator import SimResult, scenario_from_dict, simulate
@@ -236,7 +237,7 @@ def test_stream_analyzer(default: SimResult, kinds: tuple[str, ...]) -> None:
     assert results[1]["workers"][0]["rank"] == 21
     assert results[1]["slowdown"] > results[0]["slowdown"] + 0.05
     assert max(results[1]["steps"]) - min(results[1]["steps"]) <= 4
-    state = json.loads(json.dumps(an.snapshot()))
+    state = roundtrip(an.snapshot())
     again = wi.WhatIfAnalyzer(meta, every_steps=1)
     again.restore(state)
     assert again.result == an.result and again.every_steps == 5
