@@ -7,9 +7,9 @@ the :class:`~failslow.detectors.hang.HangDetector` (CCL-D hang taxonomy), and re
 reports and derived rows. The :class:`~failslow.mitigation.planner.MitigationPlanner`
 (Greyhound §5.1, Algorithm 1) follows the slow anomalies and the job's iteration times where
 they are produced and returns its mitigation advice with them (``Output.advice``).
-``snapshot()`` / ``restore()`` carry the whole state as JSON (the planner's open anomalies
-and accumulated impact included), so a restarted processor resumes without relearning
-baselines, without re-reporting and without advising twice.
+``snapshot()`` / ``restore()`` carry the whole state as JSON values and numpy arrays (the
+planner's open anomalies and accumulated impact included), so a restarted processor resumes
+without relearning baselines, without re-reporting and without advising twice.
 """
 
 from __future__ import annotations

@@ -197,9 +197,9 @@ def insert_in_process(client: Any, table: str, failslow_insert_block: pa.Table,
     table function finds it by its variable name in the calling frames. clickhouse-connect's
     ``insert_arrow`` writes an Arrow file into memory, copies it and writes it to a
     temporary file that chDB reads back. That was most of the storing stage's CPU (``failslow
-    bench pipeline``, stage ``store``), and a seventh of the detection stage's (its
-    ``rounds``). ``tests/integration/clickhouse/test_insert_paths.py`` checks that both
-    paths store the same rows."""
+    bench pipeline``, stage ``store``; docs/scaling.md).
+    ``tests/integration/clickhouse/test_insert_paths.py`` checks that both paths store the
+    same rows."""
     columns = ", ".join(f"`{c}`" for c in failslow_insert_block.column_names)
     client.command(f"INSERT INTO {table} ({columns}) SELECT {columns} "
                    "FROM Python(failslow_insert_block)", settings=settings or None)
