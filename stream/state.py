@@ -84,7 +84,7 @@ def raw_payload(state: Mapping[str, Any]) -> bytes:
     """``state`` (JSON values and numpy arrays) as bytes: a JSON skeleton in which each
     numeric array of :data:`ARRAY_MIN` or more elements is a reference, then those arrays'
     raw bytes. Detector states are mostly large arrays; as JSON lists a 4096-rank job's
-    state took 5.5 s and 105 MB (``failslow bench pipeline``, phase ``snapshot``)."""
+    state took 5.5 s and 105 MB (docs/scaling.md, "Snapshots")."""
     blobs: list[bytes] = []
 
     def default(value: Any) -> Any:
