@@ -53,11 +53,17 @@ from failslow.detectors.changepoints.segmentation import (
     window_series,
     winsorize,
 )
-from failslow.detectors.changepoints.tracker import Change, ChangeConfig, ChangeTracker, binom_sf
+from failslow.detectors.changepoints.tracker import (
+    Change,
+    ChangeConfig,
+    ChangeTracker,
+    binom_sf,
+    run_chance,
+)
 
 __all__ = [
     "BOCD", "DEFAULT_THRESHOLD", "METHODS", "SERIES_METHODS", "BOCDConfig", "Change",
     "ChangeConfig", "ChangeTracker", "binom_sf", "bocd_candidates", "bocpd_map", "changepoints",
-    "detect_changepoints", "segment", "standardize", "verify", "window_candidates",
-    "window_series", "winsorize",
+    "detect_changepoints", "run_chance", "segment", "standardize", "verify",
+    "window_candidates", "window_series", "winsorize",
 ]

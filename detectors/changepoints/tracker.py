@@ -25,6 +25,21 @@ def binom_sf(k: int, n: int, p: float) -> float:
     return float(sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1)))
 
 
+def run_chance(above: np.ndarray, p: float, n: int) -> float:
+    """Chance of ``n`` consecutive values above a limit when the reference's exceedances
+    (``above``, in time order) follow a first-order Markov chain: ``p`` for the first and
+    ``q = P(above | previous above)`` for each next one, ``q`` estimated from the
+    reference's consecutive pairs as ``p`` is from its values (Jeffreys). A pause lasts
+    an iteration or two, a fail-slow lasts: a reference whose exceedances come alone
+    (pauses, warm-up spikes) gives a small ``q``, so three slow iterations in a row are
+    news there, where the count of exceedances alone would ask for five (Greyhound §4.2's
+    verification, made robust to isolated spikes)."""
+    prev = above[:-1]
+    pairs = float(np.count_nonzero(prev & above[1:]))
+    q = (pairs + 0.5) / (float(np.count_nonzero(prev)) + 1.0)
+    return p * q ** (n - 1)
+
+
 @dataclass
 class Change:
     """A verified change: ``kind`` is ``onset`` (a slower level) or ``relief`` (back to a
@@ -96,7 +111,10 @@ class ChangeTracker:
     estimate: GC pauses and other one-off spikes raise it), and the change is confirmed when
     ``P(Bin(n, p) >= k) <= alpha`` and the median of the ``n`` values exceeds the limit
     too. A quiet job confirms on two slow iterations, a job with frequent pauses needs more,
-    and a single pause is never enough. Reliefs are the mirror test against the slow level:
+    and a single pause is never enough. When all ``n`` values lie ``strong_k`` thresholds
+    up, their chance as a run (:func:`run_chance`: how often the reference's exceedances
+    followed one another) counts too: pauses that come alone do not make three slow
+    iterations in a row likely. Reliefs are the mirror test against the slow level:
     the values fall below the midpoint between it and a lower level, and the levels above
     that are closed. The first index of a new level is the CUSUM split between the two
     levels (values clipped to them, so a lone spike does not pull it), moved to an adjacent
@@ -254,10 +272,14 @@ class ChangeTracker:
             # the sign test at the usual limit, and at a limit strong_k times as far: a
             # short reference holding one mild outlier cannot reject two values far beyond
             # anything it holds at the first, while pauses in it still count at the second
-            for limit in (med * (1 + thr), med * (1 + c.strong_k * thr)):
+            for strong, limit in ((False, med * (1 + thr)),
+                                  (True, med * (1 + c.strong_k * thr))):
                 k = int(np.count_nonzero(tail > limit))
                 p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
                 chance = min(chance, binom_sf(k, len(tail), p))
+                if strong and k == len(tail):
+                    # every value far above the reference: no pause run that long there
+                    chance = min(chance, run_chance(ref > limit, p, k))
             return level_ok and chance <= c.alpha, med, sigma
         return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
 

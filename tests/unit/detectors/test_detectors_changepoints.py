@@ -17,6 +17,7 @@ from failslow.detectors.changepoints import (
     bocpd_map,
     changepoints,
     detect_changepoints,
+    run_chance,
     segment,
     standardize,
     window_candidates,
@@ -314,6 +315,71 @@ def test_a_pause_in_the_reference_still_counts_at_the_strong_limit() -> None:
     for v in [83.6, 82.9, 150.0, 82.2, 83.3, 81.6, 80.8]:
         tracker.push(v)
     assert tracker.push(141.6) == [] and tracker.push(144.8) == []
+
+
+def _paused(n: int, every: int, seed: int) -> list[float]:
+    """A quiet healthy stretch (100 ms, 0.5% noise) with a pause (1.8x) every ``every``
+    iterations, never two in a row."""
+    rng = np.random.default_rng(seed)
+    x = 100.0 * (1 + rng.normal(0, 0.005, n))
+    x[every - 1::every] *= 1.8
+    return [float(v) for v in x]
+
+
+def test_run_chance_is_the_independent_chance_when_the_reference_has_no_exceedance() -> None:
+    """Without exceedances ``q`` falls back to its prior and the count test (``p ** n``)
+    is the stricter; exceedances in runs make a run of slow values likelier than their
+    count says, lone ones make it rarer."""
+    quiet = np.zeros(20, dtype=bool)
+    p = 0.5 / 21
+    assert run_chance(quiet, p, 3) >= p ** 3
+    runs = np.zeros(20, dtype=bool)
+    runs[4:8] = runs[12:16] = True
+    alone = np.zeros(20, dtype=bool)
+    alone[3::4] = True
+    p_runs, p_alone = 8.5 / 21, 5.5 / 21
+    assert run_chance(runs, p_runs, 3) > p_runs ** 3
+    assert run_chance(alone, p_alone, 3) < p_alone ** 3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_three_slow_iterations_confirm_where_pauses_come_alone(seed: int) -> None:
+    """A reference with a lone pause every fourth iteration (p ~ 0.26): the count of
+    exceedances needs four slow values in a row (0.26^3 > alpha), the run test three
+    (pauses never came two in a row, so three slow values in a row are no pause)."""
+    tr = ChangeTracker(SlowdownConfig().change)
+    for v in _paused(22, 4, seed):  # the last pause two iterations before the step
+        assert tr.push(v * 1e6) == []
+    pushed = [tr.push(130.0e6 * f) for f in (1.0, 1.004, 0.997, 1.002)]
+    at = [i for i, out in enumerate(pushed) if any(c.kind == "onset" for c in out)]
+    assert at == [2]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_pause_over_two_iterations_does_not_confirm_where_pauses_come_alone(seed: int
+                                                                               ) -> None:
+    """A pause may straddle an iteration boundary: two long values in a row, then back to
+    normal, are no onset even though the reference's pauses all came alone."""
+    tr = ChangeTracker(SlowdownConfig().change)
+    for v in _paused(22, 4, seed):
+        tr.push(v * 1e6)
+    out = [tr.push(v * 1e6) for v in (175.0, 150.0, 100.2, 99.8, 100.1)]
+    assert not any(c.kind == "onset" for o in out for c in o)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mild_noise_before_a_step_is_no_part_of_its_run(seed: int) -> None:
+    """Two mildly slow values (above the usual limit, below three thresholds up) and then
+    a step not far enough above them for ``jump_k`` (held-out seed 1, ``compute-7``): the
+    run test counts only values far above the reference, so the new level starts at the
+    step, not at the noise before it (a root found only from the level's third iteration
+    on needs one more iteration to persist)."""
+    tr = ChangeTracker(SlowdownConfig().change)
+    for v in _paused(22, 4, seed):
+        tr.push(v * 1e6)
+    onsets = [c for v in (114.0, 109.0, 147.0, 148.0, 146.5, 147.5)
+              for c in tr.push(v * 1e6) if c.kind == "onset"]
+    assert [c.index for c in onsets] == [24]
 
 
 def test_a_few_fast_iterations_do_not_reset_the_baseline_before_a_slowdown() -> None:
