@@ -32,8 +32,8 @@ def run_chance(above: np.ndarray, p: float, n: int) -> float:
     reference's consecutive pairs as ``p`` is from its values (Jeffreys). A pause lasts
     an iteration or two, a fail-slow lasts: a reference whose exceedances come alone
     (pauses, warm-up spikes) gives a small ``q``, so three slow iterations in a row are
-    news there, where the count of exceedances alone would ask for five (Greyhound §4.2's
-    verification, made robust to isolated spikes)."""
+    news there, where the count of exceedances alone asks for five at ``p = 0.35``
+    (Greyhound §4.2's verification, made robust to isolated spikes)."""
     prev = above[:-1]
     pairs = float(np.count_nonzero(prev & above[1:]))
     q = (pairs + 0.5) / (float(np.count_nonzero(prev)) + 1.0)

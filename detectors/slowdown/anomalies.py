@@ -243,10 +243,11 @@ class AnomalyLifecycle:
                 rest = known[j:]
                 hits = sum(1 for i in rest if member[i])
                 n = len(rest)
-                # a root that appears only well after the onset needs one more iteration;
-                # iterations that said nothing (no round of a slow group in their window)
-                # and the onset one (its round may be the last healthy one) do not count
-                need = 2 if s0 <= 1 or not any(0 < i < s0 for i in known) else 3
+                # a root that appears only after iterations that named something else needs
+                # one more; those that said nothing (no round of a slow group in their
+                # window) and the onset one (its round may be the last healthy one) do not
+                # count
+                need = 3 if any(0 < i < s0 for i in known) else 2
                 if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
                         not by_chance or world * _persistence_chance(
                             [chance[i] for i in rest], hits) <= c.persist_alpha):
