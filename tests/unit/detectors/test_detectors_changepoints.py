@@ -326,7 +326,7 @@ def _paused(n: int, every: int, seed: int) -> list[float]:
     return [float(v) for v in x]
 
 
-def test_run_chance_is_the_independent_chance_when_the_reference_has_no_exceedance() -> None:
+def test_run_chance_never_beats_the_count_without_exceedances_and_tracks_runs() -> None:
     """Without exceedances ``q`` falls back to its prior and the count test (``p ** n``)
     is the stricter; exceedances in runs make a run of slow values likelier than their
     count says, lone ones make it rarer."""
