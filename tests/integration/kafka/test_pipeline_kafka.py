@@ -564,6 +564,10 @@ def test_sink_down_mid_stream_pauses_then_catches_up(broker: Broker, tmp_path: P
                                                            max_backoff_s=1.0,
                                                            max_backpressure_retries=None),
                            state=MemoryStateStore(), analyzer_factory=synth.FakeAnalyzer)
+    # the outage is what is tested, not the group join: publish once the consumer holds its
+    # partitions and has read the job's meta
+    _until(lambda: proc.step(timeout=0.2) >= 0 and consumer.drained(), 60,
+           f"the consumer to join its group ({consumer.drain_wait})")
     thread = threading.Thread(target=publish)
     thread.start()
     try:
@@ -579,7 +583,10 @@ def test_sink_down_mid_stream_pauses_then_catches_up(broker: Broker, tmp_path: P
         producer.close()
         consumer.close()
     stored = sink.table("coll")
-    assert stored is not None and stored.num_rows == coll.num_rows
+    seen = (f"sink writes {sink.writes}, refused {sink.refused}; processor {proc.stats.messages} "
+            f"messages, rows {dict(proc.stats.rows)}; producer {producer.stats()}; "
+            f"consumer {consumer.stats()}")
+    assert stored is not None and stored.num_rows == coll.num_rows, seen
     # every refusal paused consumption (the outage outlasts max_poll_interval: 7 s > 3 s)
     assert sink.refused >= 3 and proc.stats.backpressure == sink.refused
     assert proc.stats.paused == 0 and proc.stats.paused_seconds > 0
