@@ -114,13 +114,15 @@ class ChangeTracker:
     and a single pause is never enough. When all ``n`` values lie ``strong_k`` thresholds
     up, their chance as a run (:func:`run_chance`: how often the reference's exceedances
     followed one another) counts too: pauses that come alone do not make three slow
-    iterations in a row likely. Reliefs are the mirror test against the slow level:
-    the values fall below the midpoint between it and a lower level, and the levels above
-    that are closed. The first index of a new level is the CUSUM split between the two
-    levels (values clipped to them, so a lone spike does not pull it), moved to an adjacent
-    BOCD (or sliding-window) candidate. Speed-ups while healthy (the end of warm-up)
-    re-learn the baseline. After a relief back to the baseline, the healthy values from
-    before the closed slow-down stay in the reference (``prev_ref``), so a fault that
+    iterations in a row likely. So does the count of values between the usual and the strong
+    limit, against the reference's rate there: where the reference's exceedances are all
+    pauses far up, a mild slow-down is what it seldom holds. Reliefs are the mirror test
+    against the slow level: the values fall below the midpoint between it and a lower level,
+    and the levels above that are closed. The first index of a new level is the CUSUM split
+    between the two levels (values clipped to them, so a lone spike does not pull it), moved
+    to an adjacent BOCD (or sliding-window) candidate. Speed-ups while healthy (the end of
+    warm-up) re-learn the baseline. After a relief back to the baseline, the healthy values
+    from before the closed slow-down stay in the reference (``prev_ref``), so a fault that
     follows soon is confirmed as fast as the first one was.
     """
 
@@ -272,14 +274,19 @@ class ChangeTracker:
             # the sign test at the usual limit, and at a limit strong_k times as far: a
             # short reference holding one mild outlier cannot reject two values far beyond
             # anything it holds at the first, while pauses in it still count at the second
-            for strong, limit in ((False, med * (1 + thr)),
-                                  (True, med * (1 + c.strong_k * thr))):
+            low, high = med * (1 + thr), med * (1 + c.strong_k * thr)
+            for strong, limit in ((False, low), (True, high)):
                 k = int(np.count_nonzero(tail > limit))
                 p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
                 chance = min(chance, binom_sf(k, len(tail), p))
                 if strong and k == len(tail):
                     # every value far above the reference: no pause run that long there
                     chance = min(chance, run_chance(ref > limit, p, k))
+            # a mild slow-down in a job whose reference exceedances are all pauses far up:
+            # values between the two limits are what the reference seldom holds
+            k = int(np.count_nonzero((tail > low) & (tail <= high)))
+            p = (float(np.count_nonzero((ref > low) & (ref <= high))) + 0.5) / (len(ref) + 1.0)
+            chance = min(chance, binom_sf(k, len(tail), p))
             return level_ok and chance <= c.alpha, med, sigma
         return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
 

@@ -382,6 +382,34 @@ def test_mild_noise_before_a_step_is_no_part_of_its_run(seed: int) -> None:
     assert [c.index for c in onsets] == [24]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_mild_slowdown_confirms_where_every_exceedance_is_a_far_pause(seed: int) -> None:
+    """Held-out seed 11 ``compute-pass-0``: the reference's exceedances are all pauses far
+    up (1.8x, p ~ 0.24 at the usual limit), the slow-down is mild (1.1x). Values between
+    the usual and the strong limit are what the reference never holds, so two of them
+    confirm (the count test alone needed four in a row), pauses in the tail or not."""
+    tr = ChangeTracker(SlowdownConfig().change)
+    for v in _paused(22, 4, seed):
+        assert tr.push(v * 1e6) == []
+    pushed = [tr.push(v * 1e6) for v in (110.2, 109.7, 180.0, 110.4, 109.9)]
+    at = [i for i, out in enumerate(pushed) if any(c.kind == "onset" for c in out)]
+    assert at == [1]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_mild_values_the_reference_holds_often_do_not_confirm(seed: int) -> None:
+    """The mirror: a reference where every fourth value is mildly slow (1.1x) besides its
+    far pauses; two mild values in a row are its usual noise, not an onset."""
+    rng = np.random.default_rng(seed)
+    x = 100.0 * (1 + rng.normal(0, 0.005, 40))
+    x[1::4] *= 1.1
+    x[3::8] *= 1.8
+    tr = ChangeTracker(SlowdownConfig().change)
+    for v in x:
+        assert tr.push(float(v) * 1e6) == []
+    assert [tr.push(v * 1e6) for v in (110.2, 109.7, 100.3, 99.8)] == [[], [], [], []]
+
+
 def test_a_few_fast_iterations_do_not_reset_the_baseline_before_a_slowdown() -> None:
     """A short job's noisy start (held-out, 512 ranks): three iterations faster than the
     first ones are jitter, not the end of warm-up; the slow-down right after them is
