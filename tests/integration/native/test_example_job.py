@@ -131,8 +131,12 @@ def test_slow_link_named(slow_link_trace: Path) -> None:
     # iterations early
     assert top["end_ns"] is None and 18 <= top["onset_iteration"] <= 21, top
     assert top["slowdown"] > 2 * NOISE, top
-    # nothing else: the ranks that wait on 1 and 5 (their TP and PP peers) are not named
-    others = [a for a in found if a is not top and (a["slowdown"] or 0) > NOISE]
+    # nothing else: the ranks that wait on 1 and 5 (their TP and PP peers) are not named.
+    # Scheduling noise under load (8 ranks on 2 shared cores beside the test suite) can slow
+    # the 1-5 rounds 3x a few iterations before the fault and open a level of its own there,
+    # on the same link (CI, 2026-11-29: onset 16, 3.1x, then the fault's level at 20, 9.3x)
+    others = [a for a in found if a is not top and (a["slowdown"] or 0) > NOISE
+              and sorted(a["link"] or a["ranks"]) != [1, 5]]
     assert not others, others
 
 
