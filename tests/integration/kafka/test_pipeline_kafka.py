@@ -566,8 +566,11 @@ def test_sink_down_mid_stream_pauses_then_catches_up(broker: Broker, tmp_path: P
                            state=MemoryStateStore(), analyzer_factory=synth.FakeAnalyzer)
     # the outage is what is tested, not the group join: publish once the consumer holds its
     # partitions and has read the job's meta
-    _until(lambda: proc.step(timeout=0.2) >= 0 and consumer.drained(), 60,
-           f"the consumer to join its group ({consumer.drain_wait})")
+    try:
+        _until(lambda: proc.step(timeout=0.2) >= 0 and consumer.drained(), 60,
+               "the consumer to join its group")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {consumer.drain_wait}") from None
     thread = threading.Thread(target=publish)
     thread.start()
     try:
