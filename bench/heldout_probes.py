@@ -324,7 +324,8 @@ PROBE_FLOORS: dict[str, tuple[str, float]] = {
 #: the suite's figures also reported with probes, under ``<name>_with_probes``
 ALSO = ("slow_f1", "slow_false_positives", "cause_accuracy", "exact_rank_accuracy",
         "link_faults_found", "link_accuracy", "stage_accuracy", "latency_median_iterations",
-        "latency_max_iterations", "hang_f1")
+        "latency_max_iterations", "latency_max_stage_compute_iterations",
+        "latency_max_dp_link_256_iterations", "hang_f1")
 
 def run_probed(spec: hg.Spec, keep: dict[str, Any], path: Path, units: list[dict[str, Any]]
                ) -> dict[str, Any]:

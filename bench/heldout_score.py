@@ -39,9 +39,15 @@ FLOORS: dict[str, tuple[str, float]] = {
     "stage_accuracy": (">=", 0.8),
     "latency_median_iterations": ("<=", 3.0),
     "latency_max_iterations": ("<=", 5.0),
+    # deliverable 6: compute confined to one pipeline stage, and DP links at 256+ ranks
+    "latency_max_stage_compute_iterations": ("<=", 3.0),
+    "latency_max_dp_link_256_iterations": ("<=", 3.0),
     "clean_run_anomalies": ("<=", 0.0),
     "hang_f1": (">=", 1.0),
 }
+#: floors over a subset of the faults that a suite may not hold (no figure: nothing failed)
+WHERE_ANY = frozenset({"latency_max_stage_compute_iterations",
+                       "latency_max_dp_link_256_iterations"})
 
 
 def _overlap(t: dict[str, Any], a: dict[str, Any]) -> float | None:
@@ -148,6 +154,56 @@ def elapsed_iterations(detected_ns: int, t: dict[str, Any]) -> float:
     return n + max(0.0, (detected_ns - prev) / (t["baseline_s"] * 1e9))
 
 
+def _dims(job: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(tp, pp, dp) of a held-out job's ``shape`` (``tpXppYdpZ``), or None."""
+    try:
+        tp, pp, dp = (int(x) for x in
+                      job["shape"].removeprefix("tp").replace("pp", " ").replace("dp", " ")
+                      .split())
+    except (KeyError, ValueError):
+        return None
+    return tp, pp, dp
+
+
+def _stage_of(job: dict[str, Any], rank: int) -> int | None:
+    """The pipeline stage of ``rank`` in a held-out job (``shape`` and ``order``,
+    fastest-varying dimension first), or None when the job has no shape."""
+    dims = _dims(job)
+    if dims is None:
+        return None
+    tp, pp, dp = dims
+    stride = 1
+    for d in job.get("order") or "tdp":
+        if d == "p":
+            return (rank // stride) % pp
+        stride *= {"t": tp, "d": dp}.get(d, 1)
+    return None
+
+
+def _latency_max_where(results: list[dict[str, Any]], family: str | None, kind: str
+                       ) -> float | None:
+    """Deliverable 6's latencies (the worst one): ``stage_compute``, found compute faults
+    whose ranks lie in one pipeline stage of a job with a pipeline; ``dp_link_256``, found
+    slow DP links (cause ``communication``) in jobs of 256 ranks or more."""
+    lat = []
+    for r in results:
+        for f in r["faults"]:
+            t = f.get("true") or {}
+            if f["kind"] != "slow" or not f["found"] or f.get("latency_it") is None or (
+                    family is not None and f["family"] != family):
+                continue
+            if kind == "stage_compute":
+                stages = {_stage_of(r, int(x)) for x in t.get("ranks") or []}
+                keep = (t.get("cause") == "compute" and len(stages) == 1
+                        and None not in stages and (_dims(r) or (1, 1, 1))[1] > 1)
+            else:
+                keep = (t.get("cause") == "communication" and t.get("stage") == "dp_sync"
+                        and int(r.get("ranks") or 0) >= 256)
+            if keep:
+                lat.append(float(f["latency_it"]))
+    return round(max(lat), 3) if lat else None
+
+
 def _ratio(num: float, den: int) -> float | None:
     return round(num / den, 4) if den else None
 
@@ -203,6 +259,10 @@ def figures(results: list[dict[str, Any]], family: str | None = None) -> dict[st
         "latency_p95_iterations": round(float(np.percentile(lat, 95)), 3) if lat else None,
         "latency_max_iterations": round(float(np.max(lat)), 3) if lat else None,
         "latency_over_5": sum(x > 5 for x in lat),
+        "latency_max_stage_compute_iterations": _latency_max_where(results, family,
+                                                                   "stage_compute"),
+        "latency_max_dp_link_256_iterations": _latency_max_where(results, family,
+                                                                 "dp_link_256"),
         # the same latencies in baseline iteration times (a 2x slow iteration counts 2)
         "latency_median_baseline_iterations": round(float(np.median(base_lat)), 3)
         if base_lat else None,
@@ -235,7 +295,8 @@ def floors(fig: dict[str, Any], table: dict[str, tuple[str, float]] | None = Non
     out = {}
     for key, (op, floor) in (FLOORS if table is None else table).items():
         v = fig.get(key)
-        ok = v is not None and (v >= floor if op == ">=" else v <= floor)
+        ok = v is not None and (v >= floor if op == ">=" else v <= floor) or (
+            v is None and key in WHERE_ANY)
         if key == "hang_f1" and not fig.get("hang_faults"):
             ok = v == 1.0
         out[key] = {"value": v, "op": op, "floor": floor, "pass": bool(ok)}

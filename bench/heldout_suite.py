@@ -532,9 +532,9 @@ def table(out: dict[str, Any]) -> str:
     """The floors (figure, floor, pass/fail) and the per-family table, as text."""
     lines = [f"held-out suite (seed {out.get('seed')}, scale {out.get('scale')}, "
              f"{out['figures']['jobs']} jobs, {out.get('seconds', '-')} s)",
-             f"  {'figure':28s} {'value':>8s}  floor    result"]
+             f"  {'figure':36s} {'value':>8s}  floor    result"]
     for key, f in out["floors"].items():
-        lines.append(f"  {key:28s} {_fmt(f['value']):>8s}  {f['op']} {f['floor']:<5g} "
+        lines.append(f"  {key:36s} {_fmt(f['value']):>8s}  {f['op']} {f['floor']:<5g} "
                      f"{'pass' if f['pass'] else 'FAIL'}")
     fig = out["figures"]
     lines.append(f"  also: precision {_fmt(fig['slow_precision'])} recall "

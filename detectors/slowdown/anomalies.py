@@ -396,13 +396,24 @@ class AnomalyLifecycle:
                 return None
             sigs.append(one["signature"])
         (comm1, ident1, roots1), (comm2, ident2, roots2) = sigs
-        if roots1 and roots2 and roots1[0] == roots2[0] and max(len(roots1), len(roots2)) <= 2:
+        common = [r for r in roots1 if r in roots2]
+        if common and max(len(roots1), len(roots2)) <= 2 and (
+                roots1[0] == roots2[0] or (roots1[0] in common or roots2[0] in common)
+                and self._by_chance([len(roots1), len(roots2)]) <= c.persist_alpha):
             # the same strongest root in both halves, with the other ranks both name (a
-            # second slow rank); one named by one half only is noise there (a pause)
-            return s, False, [], [r for r in roots1 if r in roots2]
+            # second slow rank); one named by one half only is noise there (a pause). The
+            # strongest root of one half may be the other's second (a pause in that half
+            # outweighed it) if two halves naming one same rank is unlikely by accident.
+            return s, False, [], common
         if comm1 and comm2 and ident1 and ident1 == ident2 and not roots1 and not roots2:
             return s, True, list(ident1), []
         return None
+
+    def _by_chance(self, named: list[int]) -> float:
+        """The chance that some rank is named in every one of the localizations that named
+        ``named`` ranks each, by accident (:func:`_persistence_chance` over the world)."""
+        world = max(self.meta.world_size, 1)
+        return world * _persistence_chance([min(n / world, 1.0) for n in named], len(named))
 
     def _refine(self, op: SlowLevel) -> list[Anomaly]:
         """An open anomaly (the top level) whose later iterations add persistent evidence

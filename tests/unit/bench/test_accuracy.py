@@ -59,7 +59,10 @@ def test_accuracy_bench_small_scale() -> None:
     assert h["figures"]["jobs"] == len(h["per_job"]) >= 11
     assert set(h["floors"]) == {"slow_f1", "cause_accuracy", "exact_rank_accuracy",
                                 "link_accuracy", "stage_accuracy", "latency_median_iterations",
-                                "latency_max_iterations", "clean_run_anomalies", "hang_f1"}
+                                "latency_max_iterations",
+                                "latency_max_stage_compute_iterations",
+                                "latency_max_dp_link_256_iterations", "clean_run_anomalies",
+                                "hang_f1"}
     for f in h["floors"].values():
         assert set(f) == {"value", "op", "floor", "pass"}
     assert {"compute", "mixed", "two-stragglers", "clean", "hang-h3"} <= set(h["families"])

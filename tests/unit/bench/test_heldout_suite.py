@@ -213,3 +213,45 @@ def test_latency_counts_elapsed_iterations_not_baseline_times() -> None:
     # past the last known end: the rest in baseline iterations
     assert hsc.elapsed_iterations(7 * base, t) == 4.0
     assert hsc.elapsed_iterations(base, {**t, "iteration_ends_ns": []}) == 1.0
+
+
+def test_pipeline_stage_of_a_rank_follows_the_rank_order() -> None:
+    job = {"shape": "tp2pp2dp2", "order": "tdp"}  # Megatron: tp fastest, then dp
+    assert [hsc._stage_of(job, r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    job = {"shape": "tp2pp2dp2", "order": "tpd"}
+    assert [hsc._stage_of(job, r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert hsc._stage_of({"shape": "tp4pp1dp2", "order": "tdp"}, 7) == 0
+    assert hsc._stage_of({}, 3) is None
+
+
+def test_deliverable_six_latencies_cover_their_faults_only() -> None:
+    """Deliverable 6 of issue 14: the worst latency of compute faults confined to one
+    pipeline stage, and of slow DP links in jobs of 256 ranks or more; a suite without
+    such faults has no figure and fails no floor."""
+    def fault(cause: str, ranks: list[int], stage: str | None, lat: float,
+              found: bool = True) -> dict[str, Any]:
+        return {"kind": "slow", "family": "f", "found": found, "marginal": False,
+                "latency_it": lat, "true": {"cause": cause, "ranks": ranks, "stage": stage}}
+
+    results = [
+        {"shape": "tp2pp2dp2", "order": "tdp", "ranks": 8, "faults": [
+            fault("compute", [5], "forward", 2.5), fault("compute", [1, 5], None, 9.0),
+            fault("compute", [4], None, 7.0, found=False)]},
+        {"shape": "tp2pp1dp4", "order": "tdp", "ranks": 8, "faults": [
+            fault("compute", [3], None, 8.0)]},
+        {"shape": "tp8pp4dp8", "order": "tdp", "ranks": 256, "faults": [
+            fault("communication", [3, 67], "dp_sync", 3.5),
+            fault("mixed", [3], "dp_sync", 6.0), fault("communication", [0, 64], "pp_p2p", 6.0)]},
+        {"shape": "tp2pp2dp32", "order": "tdp", "ranks": 128, "faults": [
+            fault("communication", [1, 3], "dp_sync", 6.0)]},
+    ]
+    assert hsc._latency_max_where(results, None, "stage_compute") == 2.5
+    assert hsc._latency_max_where(results, None, "dp_link_256") == 3.5
+    fig = {"latency_max_stage_compute_iterations": 2.5,
+           "latency_max_dp_link_256_iterations": 3.5}
+    got = hsc.floors(fig)
+    assert got["latency_max_stage_compute_iterations"]["pass"]
+    assert not got["latency_max_dp_link_256_iterations"]["pass"]
+    none = hsc.floors({k: None for k in fig})
+    assert none["latency_max_stage_compute_iterations"]["pass"]
+    assert not none["slow_f1"]["pass"]
