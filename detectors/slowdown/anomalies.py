@@ -212,10 +212,8 @@ class AnomalyLifecycle:
         a0 = self.timeline.pos(op.onset_pos)
         durs = np.array([d for _, _, d in self.timeline.iters[a0:a0 + k]], dtype=float)
 
-        # the chance that a given rank is among an iteration's compute roots by accident:
-        # the share of the ranks that iteration named (noise names many ranks at once)
-        world = max(self.meta.world_size, 1)
-        chance = [min(len(sig[2]) / world, 1.0) if sig else 0.0 for sig in op.per_iter]
+        # how many compute roots each iteration named (noise names many ranks at once)
+        named = [len(sig[2]) if sig else 0 for sig in op.per_iter]
 
         def at_level(i: int, s0: int) -> bool:
             """Iteration ``i`` is slow at the level of the stretch from ``s0`` on: its
@@ -249,8 +247,8 @@ class AnomalyLifecycle:
                 # count
                 need = 3 if any(0 < i < s0 for i in known) else 2
                 if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
-                        not by_chance or world * _persistence_chance(
-                            [chance[i] for i in rest], hits) <= c.persist_alpha):
+                        not by_chance
+                        or self._by_chance([named[i] for i in rest], hits) <= c.persist_alpha):
                     # uninformative iterations just before it belong to the stretch, from
                     # the first one at its level
                     start = known[j - 1] + 1 if j else 0
@@ -397,9 +395,10 @@ class AnomalyLifecycle:
             sigs.append(one["signature"])
         (comm1, ident1, roots1), (comm2, ident2, roots2) = sigs
         common = [r for r in roots1 if r in roots2]
-        if common and max(len(roots1), len(roots2)) <= 2 and (
-                roots1[0] == roots2[0] or (roots1[0] in common or roots2[0] in common)
-                and self._by_chance([len(roots1), len(roots2)]) <= c.persist_alpha):
+        top_shared = bool(common) and (roots1[0] in common or roots2[0] in common)
+        if top_shared and max(len(roots1), len(roots2)) <= 2 and (
+                roots1[0] == roots2[0]
+                or self._by_chance([len(roots1), len(roots2)], 2) <= c.persist_alpha):
             # the same strongest root in both halves, with the other ranks both name (a
             # second slow rank); one named by one half only is noise there (a pause). The
             # strongest root of one half may be the other's second (a pause in that half
@@ -409,11 +408,13 @@ class AnomalyLifecycle:
             return s, True, list(ident1), []
         return None
 
-    def _by_chance(self, named: list[int]) -> float:
-        """The chance that some rank is named in every one of the localizations that named
-        ``named`` ranks each, by accident (:func:`_persistence_chance` over the world)."""
+    def _by_chance(self, named: list[int], hits: int) -> float:
+        """The chance that some rank is among the roots of at least ``hits`` of the
+        localizations that named ``named`` ranks each, by accident: a given rank is among
+        a localization's roots with the share of the world it named
+        (:func:`_persistence_chance`, times the world size)."""
         world = max(self.meta.world_size, 1)
-        return world * _persistence_chance([min(n / world, 1.0) for n in named], len(named))
+        return world * _persistence_chance([min(n / world, 1.0) for n in named], hits)
 
     def _refine(self, op: SlowLevel) -> list[Anomaly]:
         """An open anomaly (the top level) whose later iterations add persistent evidence
