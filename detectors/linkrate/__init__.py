@@ -21,7 +21,12 @@ detector judges every link on its own:
    them, coll timing decides.
 3. *Persistent*: of the last ``persist_windows`` judged windows, at least as many degraded as
    a healthy link would show with probability below ``alpha`` (binomial tail, chance 5% per
-   window; 3 of 4 by default): GC pauses and jitter do not persist on one link.
+   window; 3 of 4 by default): GC pauses and jitter do not persist on one link. A strong
+   drop (``strong_factor``, 1.5x against both) persists after ``strong_count`` windows in a
+   row (2: chance ``strong_chance`` per window), unless the job slowed down with the link
+   (:meth:`LinkRateDetector._slowdown_ahead`: the slow-down detector is localizing it, or
+   the job's iterations rose by that detector's threshold beyond their noise): such a
+   slow-down is the slow-down detector's to name, and the count above decides.
 4. *Localized*: a point-to-point pair is its own link. In a ring the slowest hop sets every
    member's time, so coll timing slows every hop of that ring: the hop is pinned by the
    queue condition (one hop's queue grew), or when all degraded hops cross one node pair
@@ -45,12 +50,13 @@ mixed anomaly already names (same node pair, or for a ring without a link its co
 or node pairs), overlapping in time, is skipped. So is a ring that no grown queue pinned
 when a compute anomaly overlapping it names one of its members: a straggler slows its own
 ring in coll timing (CCL-D §4.2), and a slow link next to it is the mixed cause. A
-degraded link that costs the job ``info_cost`` or more is held back ``defer_windows``
-windows so that the slow-down detector, which localizes such slow-downs itself, names it
-first; only if it does not is it reported here (``warning``). An open report whose link
-the slow-down detector names later (or, for a ring, whose member it names as a compute
-root) is closed then, with ``extra.superseded_by`` = that anomaly's id: the link escalated
-from absorbed to a job slow-down, and that anomaly carries it from there.
+degraded link while the job slowed down with it (the same test) is held back
+``defer_windows`` windows so that the slow-down detector, which
+localizes such slow-downs itself, names it first; only if it does not is it reported
+here. An open report whose link the slow-down detector names later (or, for a
+ring, whose member it names as a compute root) is closed then, with
+``extra.superseded_by`` = that anomaly's id: the link escalated from absorbed to a job
+slow-down, and that anomaly carries it from there.
 """
 
 from failslow.detectors.linkrate.config import LinkRateConfig

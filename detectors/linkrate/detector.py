@@ -54,8 +54,12 @@ class LinkRateDetector:
                  known: Callable[[], list[Anomaly]] | None = None) -> None:
         self.meta = meta
         self.known = known or list
+        #: onsets (ns) of the job slow-downs the slow-down detector has seen and not yet
+        #: reported (set by the engine's registry when both detectors run)
+        self.localizing: Callable[[], list[int]] = list
         self.config = c = config or LinkRateConfig()
         self.k_open = c.open_count()
+        self.k_strong = c.strong_count()
         self.samples = SampleExtractor(meta, c.min_bytes, int(c.max_pending_s * 1e9))
         self.queues = QueueTracker()
         self.width = 0
@@ -150,6 +154,7 @@ class LinkRateDetector:
         nb = self.config.baseline_windows
         fresh = {"buf": np.full((m, nb), np.nan), "nb": np.zeros(m, np.int64),
                  "base": np.full(m, np.nan), "hist": np.zeros(m, np.int64),
+                 "strong": np.zeros(m, np.int64),
                  "judged": np.zeros(m, np.int64), "healthy": np.zeros(m, np.int64),
                  "bad_first": np.full(m, NULL_TIME, np.int64),
                  "bad_last": np.full(m, NULL_TIME, np.int64), "bad_sum": np.zeros(m),
@@ -213,11 +218,13 @@ class LinkRateDetector:
         base = lk["base"][links]
         own = base / r
         slow = (own >= c.factor) & (np.isnan(peer) | (peer >= c.factor))
+        strong = slow & (own >= c.strong_factor) & (np.isnan(peer) | (peer >= c.strong_factor))
         healthy = ~slow & ~(own >= c.relief_factor)
         judged = ~np.isnan(base)
         jl = links[judged]
         mask = (1 << c.persist_windows) - 1
         lk["hist"][jl] = ((lk["hist"][jl] << 1) | slow[judged]) & mask
+        lk["strong"][jl] = ((lk["strong"][jl] << 1) | strong[judged]) & mask
         lk["judged"][jl] += 1
         lk["healthy"][jl] = np.where(healthy[judged], lk["healthy"][jl] + 1, 0)
         lk["peer"][jl] = peer[judged]
@@ -292,9 +299,17 @@ class LinkRateDetector:
         while h.any():
             pop += h & 1
             h >>= 1
-        persistent = np.flatnonzero(pop >= self.k_open)
+        persistent = np.flatnonzero(pop >= self.k_open).tolist()
+        # a strong run persists sooner, unless the job slowed down with it (that is the
+        # slow-down detector's to name first)
+        run = (1 << self.k_strong) - 1
+        fast = np.flatnonzero(((lk["strong"] & run) == run) & (pop < self.k_open))
+        onsets = self.localizing() if len(fast) else []
+        for lid in fast.tolist():
+            if not self._slowdown_ahead(int(lk["bad_first"][lid]), onsets):
+                persistent.append(lid)
         taken = {lid for rec in self.open.values() for lid in rec["links"]}
-        units = self._units([x for x in persistent.tolist() if x not in taken], w)
+        units = self._units([x for x in sorted(persistent) if x not in taken], w)
         for key, unit in units.items():
             if key in self.open:
                 continue
@@ -308,7 +323,7 @@ class LinkRateDetector:
             slow_ratio, cost = self._cost(unit["start_ns"], None)
             # a job slow-down is the slow-down detector's to name first; a ring whose hops'
             # queue pairs are sampled waits a little for one of them to fill
-            wait = (c.defer_windows if cost is not None and cost >= c.info_cost
+            wait = (c.defer_windows if self._slowdown_ahead(unit["start_ns"], self.localizing())
                     else c.persist_windows if unit["wait_queue"] else 0)
             if wait:
                 first = self.deferred.setdefault(key, w)
@@ -343,6 +358,7 @@ class LinkRateDetector:
             lk["bad_sum"][links] = 0.0
             lk["bad_n"][links] = 0
             lk["hist"][links] = 0
+            lk["strong"][links] = 0
             del self.open[key]
             out.append(a)
         # a link healthy again forgets its bad streak
@@ -519,6 +535,33 @@ class LinkRateDetector:
         ratio = float(np.median(during)) / max(float(np.median(pre)), 1.0)
         return round(ratio, 4), round(max(0.0, 1.0 - 1.0 / ratio), 4)
 
+    def _slowdown_ahead(self, start: int | None, onsets: list[int]) -> bool:
+        """Whether the job slow-down since the link degraded (at ``start``) is the
+        slow-down detector's to name: that detector is localizing one that began then or
+        later (``onsets``, within a window), or the job slowed down as that detector's
+        change tracker confirms. That is: the median job iteration since ``start`` is
+        ``min_job_slowdown`` or more above the healthy level and ``stand_out_sigmas``
+        robust deviations above it. The healthy level is the lower quartile of the
+        ``slowed_reference_iterations`` before (a slow-down only adds time, so one that
+        ended among them does not raise it); the deviation comes from their successive
+        differences (a level shift among them does not widen it). A job slow-down under
+        ``min_job_slowdown`` is the link's alone to report."""
+        if start is None:
+            return False
+        if any(t >= start - self.width for t in onsets):
+            return True
+        c, it = self.config, self.iters
+        fin = it[:, 0] + it[:, 1]
+        pre = it[1:][fin[1:] <= start][-c.slowed_reference_iterations:, 1]
+        during = it[it[:, 0] >= start, 1]
+        if len(pre) < 3 or not len(during):
+            return False
+        level = float(np.percentile(pre, 25))
+        sigma = 1.4826 * float(np.median(np.abs(np.diff(pre)))) / np.sqrt(2.0)
+        now = float(np.median(during))
+        return bool(now >= level * (1.0 + c.min_job_slowdown)
+                    and now > level + c.stand_out_sigmas * sigma)
+
     def _fill_cost(self, a: Anomaly, ratio: float | None, cost: float | None) -> None:
         a.slowdown = ratio
         severe = cost is not None and cost >= self.config.info_cost
@@ -578,7 +621,7 @@ class LinkRateDetector:
                          for k, v in state["qpending"].items()}
         self.iters = np.array(state["iters"], dtype=np.int64).reshape(-1, 2)
         nb = self.config.baseline_windows
-        lk = {}
+        lk: dict[str, np.ndarray] = {}
         for k, v in state["links"].items():
             if k in ("buf",):
                 lk[k] = np.array(v, dtype=np.float64).reshape(-1, nb)
@@ -586,6 +629,7 @@ class LinkRateDetector:
                 lk[k] = np.array(v, dtype=np.float64)
             else:
                 lk[k] = np.array(v, dtype=np.int64)
+        lk.setdefault("strong", np.zeros(len(lk["hist"]), np.int64))  # older snapshots
         self.lk = lk
         k = self.config.persist_windows
         self.q = {key: (np.array(v, dtype=np.int64 if key in ("bn", "rw") else np.float64)

@@ -77,6 +77,13 @@ class SlowdownDetector:
         """The slow levels, aligned with the change tracker's."""
         return self.lifecycle.levels
 
+    def pending_onsets(self) -> list[int]:
+        """The onsets (ns) of the job slow-downs seen but not yet reported (levels still
+        being localized): the link-rate detector leaves a link degraded since then to this
+        detector."""
+        return [int(op.anomaly["start_ns"]) for op in self.lifecycle.levels
+                if op.state == "pending"]
+
     @property
     def evidence(self) -> dict[str, Any]:
         """The latest localization's evidence (debugging)."""
