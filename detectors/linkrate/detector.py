@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from failslow.detectors.base import EventBatch
 from failslow.detectors.linkrate.config import LinkRateConfig
+from failslow.detectors.linkrate.jobcost import job_cost, job_slowed
 from failslow.detectors.linkrate.queues import QueueTracker
 from failslow.detectors.linkrate.samples import SampleExtractor
 from failslow.diagnosis import Anomaly
@@ -521,46 +522,20 @@ class LinkRateDetector:
         return {int(r) for r in self.samples.comms.members[ci].tolist() if r >= 0}
 
     def _cost(self, start: int, end: int | None) -> tuple[float | None, float | None]:
-        """The job's iteration-time ratio since ``start`` (to ``end``) over the iterations
-        just before it, and the fraction of job time lost (None when unknown)."""
-        it = self.iters
-        if len(it) < 3:
-            return None, None
-        t0, fin = it[:, 0], it[:, 0] + it[:, 1]
-        pre = it[1:][fin[1:] <= start][-self.config.cost_reference_iterations:, 1]
-        lim = end + self.width if end is not None else 1 << 62
-        during = it[(t0 >= start) & (fin <= lim), 1]
-        if not len(pre) or not len(during):
-            return None, None
-        ratio = float(np.median(during)) / max(float(np.median(pre)), 1.0)
-        return round(ratio, 4), round(max(0.0, 1.0 - 1.0 / ratio), 4)
+        """The job's slow-down since ``start`` (to a window after ``end``) and the
+        fraction of job time lost (:func:`.jobcost.job_cost`)."""
+        return job_cost(self.iters, start, end + self.width if end is not None else None,
+                        self.config.cost_reference_iterations)
 
     def _slowdown_ahead(self, start: int | None, onsets: list[int]) -> bool:
         """Whether the job slow-down since the link degraded (at ``start``) is the
         slow-down detector's to name: that detector is localizing one that began then or
-        later (``onsets``, within a window), or the job slowed down as that detector's
-        change tracker confirms. That is: the median job iteration since ``start`` is
-        ``min_job_slowdown`` or more above the healthy level and ``stand_out_sigmas``
-        robust deviations above it. The healthy level is the lower quartile of the
-        ``slowed_reference_iterations`` before (a slow-down only adds time, so one that
-        ended among them does not raise it); the deviation comes from their successive
-        differences (a level shift among them does not widen it). A job slow-down under
-        ``min_job_slowdown`` is the link's alone to report."""
+        later (``onsets``, within a window), or the job slowed down as its change tracker
+        confirms (:func:`.jobcost.job_slowed`). A smaller one is the link's to report."""
         if start is None:
             return False
-        if any(t >= start - self.width for t in onsets):
-            return True
-        c, it = self.config, self.iters
-        fin = it[:, 0] + it[:, 1]
-        pre = it[1:][fin[1:] <= start][-c.slowed_reference_iterations:, 1]
-        during = it[it[:, 0] >= start, 1]
-        if len(pre) < 3 or not len(during):
-            return False
-        level = float(np.percentile(pre, 25))
-        sigma = 1.4826 * float(np.median(np.abs(np.diff(pre)))) / np.sqrt(2.0)
-        now = float(np.median(during))
-        return bool(now >= level * (1.0 + c.min_job_slowdown)
-                    and now > level + c.stand_out_sigmas * sigma)
+        return any(t >= start - self.width for t in onsets) or job_slowed(
+            self.iters, start, self.config)
 
     def _fill_cost(self, a: Anomaly, ratio: float | None, cost: float | None) -> None:
         a.slowdown = ratio

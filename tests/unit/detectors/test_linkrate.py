@@ -437,3 +437,22 @@ def test_the_engine_shows_the_linkrate_detector_the_slowdowns_being_localized() 
         levels.append(SlowLevel(anomaly={"start_ns": t}, onset_pos=0, ref_lo_ns=0,
                                 ref_iter_ns=1.0, healthy_ns=1.0, state=state))
     assert linkrate.localizing() == [7]  # reported ones are known to it otherwise
+
+
+def test_a_snapshot_from_before_the_strong_run_restores(traces: dict[str, Any]) -> None:
+    """Links saved without their strong-run bits restore with none set: the strong run
+    starts again, the 3-of-4 count goes on."""
+    from failslow.detectors.linkrate import LinkRateDetector
+
+    meta, tables, _ = traces["dp-4.2-nolink"]
+    analyzer = JobAnalyzer(meta)
+    for _, batch in replay({"coll": tables["coll"]}):
+        analyzer.update(batch)
+    assert analyzer.linkrate is not None and analyzer.linkrate.lk["strong"].any()
+    state = roundtrip(analyzer.linkrate.snapshot())
+    state["links"].pop("strong")
+    again = LinkRateDetector(meta)
+    again.restore(state)
+    assert len(again.lk["strong"]) == len(again.lk["hist"]) > 0
+    assert not again.lk["strong"].any()
+    np.testing.assert_array_equal(again.lk["hist"], analyzer.linkrate.lk["hist"])
