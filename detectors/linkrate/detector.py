@@ -300,17 +300,21 @@ class LinkRateDetector:
         while h.any():
             pop += h & 1
             h >>= 1
-        persistent = np.flatnonzero(pop >= self.k_open).tolist()
+        taken = {lid for rec in self.open.values() for lid in rec["links"]}
+        persistent = [x for x in np.flatnonzero(pop >= self.k_open).tolist() if x not in taken]
         # a strong run persists sooner, unless the job slowed down with it (that is the
-        # slow-down detector's to name first)
+        # slow-down detector's to name first); the links of one ring share their onset
         run = (1 << self.k_strong) - 1
         fast = np.flatnonzero(((lk["strong"] & run) == run) & (pop < self.k_open))
         onsets = self.localizing() if len(fast) else []
+        ahead: dict[int, bool] = {}
         for lid in fast.tolist():
-            if not self._slowdown_ahead(int(lk["bad_first"][lid]), onsets):
+            start = int(lk["bad_first"][lid])
+            if start not in ahead:
+                ahead[start] = self._slowdown_ahead(start, onsets)
+            if lid not in taken and not ahead[start]:
                 persistent.append(lid)
-        taken = {lid for rec in self.open.values() for lid in rec["links"]}
-        units = self._units([x for x in sorted(persistent) if x not in taken], w)
+        units = self._units(sorted(persistent), w)
         for key, unit in units.items():
             if key in self.open:
                 continue
