@@ -14,7 +14,10 @@ Iteration times (the slow-down detector, :class:`ChangeTracker`):
   a sign test robust to pauses (:meth:`ChangeTracker._test_up`): the floor is 5%, raised by
   the baseline's own noise, and how often the baseline's values exceed the limit (GC pauses
   and other spikes) sets how many slow values a change needs. Slow levels stack: a second
-  slow-down during an open one is its own onset.
+  slow-down during an open one is its own onset. A caller with evidence of its own
+  (the slow-down detector: one rank the root of every slow iteration) may confirm an onset
+  of a few values together with the series' test (Fisher's combination,
+  :meth:`ChangeTracker._corroborated`).
 * :func:`changepoints` / :func:`detect_changepoints` run it over a whole series, with the
   three methods compared in ``failslow bench accuracy`` (Greyhound Tables 3 and 4):
   ``bocd+v``, plain ``bocd`` and ``window``.
@@ -58,12 +61,13 @@ from failslow.detectors.changepoints.tracker import (
     ChangeConfig,
     ChangeTracker,
     binom_sf,
+    fisher_combined,
     run_chance,
 )
 
 __all__ = [
     "BOCD", "DEFAULT_THRESHOLD", "METHODS", "SERIES_METHODS", "BOCDConfig", "Change",
     "ChangeConfig", "ChangeTracker", "binom_sf", "bocd_candidates", "bocpd_map", "changepoints",
-    "detect_changepoints", "run_chance", "segment", "standardize", "verify",
+    "detect_changepoints", "fisher_combined", "run_chance", "segment", "standardize", "verify",
     "window_candidates", "window_series", "winsorize",
 ]

@@ -7,6 +7,7 @@ own onset."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +39,13 @@ def run_chance(above: np.ndarray, p: float, n: int) -> float:
     pairs = float(np.count_nonzero(prev & above[1:]))
     q = (pairs + 0.5) / (float(np.count_nonzero(prev)) + 1.0)
     return p * q ** (n - 1)
+
+
+def fisher_combined(p1: float, p2: float) -> float:
+    """Fisher's combination of two independent chances: ``P(chi2_4 >= -2 ln(p1 p2))``,
+    which is ``p (1 - ln p)`` for ``p = p1 p2``."""
+    p = min(max(p1, 0.0), 1.0) * min(max(p2, 0.0), 1.0)
+    return p * (1.0 - math.log(p)) if p > 0 else 0.0
 
 
 @dataclass
@@ -73,6 +81,10 @@ class ChangeConfig:
     min_baseline: int = 5  # iterations of baseline before an onset can be declared
     min_after: int = 2  # fewest values of the new level that confirm a change ...
     max_after: int = 12  # ... and most (noisy jobs need more)
+    # onsets of up to this many values may be confirmed together with the caller's own
+    # evidence (``ChangeTracker.corroborate``); 0: the series alone
+    corroborate_after: int = 0
+    corroborate_alpha: float = 0.2  # ... when each of the two chances is at most this
     # a tail whose newest value's excess over the reference is this many times the largest
     # excess of the others mixes two levels (mild noise, then a far larger step): it does
     # not confirm; the next iteration tells the step (confirmed on its own) from a spike
@@ -137,6 +149,9 @@ class ChangeTracker:
         self.candidates: list[int] = []  # unverified candidate indices
         self.bocd = BOCD(self.config.bocd)
         self.allow_further = True  # the caller may hold further onsets back
+        # the caller's evidence on the values ``hi..i`` of a tentative onset: the chance
+        # that it arose by accident (:meth:`_corroborated`); not part of the state
+        self.corroborate: Callable[[int, int], float] | None = None
         self.min_start = 0  # first index a new level may start at (after a reject)
         # the healthy values before the last closed slow-down (at most ``baseline_window``):
         # the job is back at that baseline, so they stay part of the reference
@@ -256,42 +271,51 @@ class ChangeTracker:
                  ) -> tuple[bool, float, float]:
         """Sign test: are ``tail`` values significantly above (``down``: below) the
         reference segment? Returns (significant, reference median, its relative sigma)."""
+        level_ok, chance, med, sigma = self._chance_up(ref, tail, down)
+        return level_ok and chance <= self.config.alpha, med, sigma
+
+    def _chance_up(self, ref: np.ndarray, tail: np.ndarray, down: bool = False,
+                   floor: bool = False) -> tuple[bool, float, float, float]:
+        """:meth:`_test_up`'s parts: (the tail's median clears the floor, the chance of its
+        exceedances under the reference, reference median, its relative sigma). With
+        ``floor``, the limits are ``threshold`` itself, not raised by the reference's
+        noise (:meth:`_corroborated`)."""
         c = self.config
         med, sigma = self._stats(ref)
         if not len(ref) or not med > 0:
-            return False, med, sigma
-        thr = max(c.threshold, c.noise_z * sigma)
+            return False, 1.0, med, sigma
+        thr = c.threshold if floor else max(c.threshold, c.noise_z * sigma)
         # the level itself: the median of the n values clears the floor by its own noise
-        margin = max(thr, c.threshold + c.median_z * sigma / math.sqrt(len(tail)))
+        margin = thr if floor else max(
+            thr, c.threshold + c.median_z * sigma / math.sqrt(len(tail)))
         if down:
             limit = med * (1 - thr)
             k = int(np.count_nonzero(tail < limit))
             p = (float(np.count_nonzero(ref < limit)) + 0.5) / (len(ref) + 1.0)
             level_ok = float(np.median(tail)) < med * (1 - margin)
-        else:
-            level_ok = float(np.median(tail)) > med * (1 + margin)
-            chance = 1.0
-            # the sign test at the usual limit, and at a limit strong_k times as far: a
-            # short reference holding one mild outlier cannot reject two values far beyond
-            # anything it holds at the first, while pauses in it still count at the second
-            low, high = med * (1 + thr), med * (1 + c.strong_k * thr)
-            for strong, limit in ((False, low), (True, high)):
-                k = int(np.count_nonzero(tail > limit))
-                p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
-                chance = min(chance, binom_sf(k, len(tail), p))
-                if strong and k == len(tail):
-                    # every value far above the reference: no pause run that long there
-                    chance = min(chance, run_chance(ref > limit, p, k))
-            # a mild slow-down in a job whose reference exceedances are mostly pauses far
-            # up: values between the two limits are what the reference seldom holds (where
-            # its exceedances are mostly mild, noise, the count test above is the one)
-            band = int(np.count_nonzero((ref > low) & (ref <= high)))
-            if band < int(np.count_nonzero(ref > high)):
-                k = int(np.count_nonzero((tail > low) & (tail <= high)))
-                p = (band + 0.5) / (len(ref) + 1.0)
-                chance = min(chance, binom_sf(k, len(tail), p))
-            return level_ok and chance <= c.alpha, med, sigma
-        return level_ok and binom_sf(k, len(tail), p) <= c.alpha, med, sigma
+            return level_ok, binom_sf(k, len(tail), p), med, sigma
+        level_ok = float(np.median(tail)) > med * (1 + margin)
+        chance = 1.0
+        # the sign test at the usual limit, and at a limit strong_k times as far: a
+        # short reference holding one mild outlier cannot reject two values far beyond
+        # anything it holds at the first, while pauses in it still count at the second
+        low, high = med * (1 + thr), med * (1 + c.strong_k * thr)
+        for strong, limit in ((False, low), (True, high)):
+            k = int(np.count_nonzero(tail > limit))
+            p = (float(np.count_nonzero(ref > limit)) + 0.5) / (len(ref) + 1.0)
+            chance = min(chance, binom_sf(k, len(tail), p))
+            if strong and k == len(tail):
+                # every value far above the reference: no pause run that long there
+                chance = min(chance, run_chance(ref > limit, p, k))
+        # a mild slow-down in a job whose reference exceedances are mostly pauses far
+        # up: values between the two limits are what the reference seldom holds (where
+        # its exceedances are mostly mild, noise, the count test above is the one)
+        band = int(np.count_nonzero((ref > low) & (ref <= high)))
+        if band < int(np.count_nonzero(ref > high)):
+            k = int(np.count_nonzero((tail > low) & (tail <= high)))
+            p = (band + 0.5) / (len(ref) + 1.0)
+            chance = min(chance, binom_sf(k, len(tail), p))
+        return level_ok, chance, med, sigma
 
     def _jump_at_end(self, tail: np.ndarray, ref_level: float) -> bool:
         """The newest value of a confirming tail (of more than ``min_after`` values) is of
@@ -321,19 +345,44 @@ class ChangeTracker:
                 self.candidates.clear()
                 self.baseline, self.sigma = self._baseline_level(i + 1)
                 return []
-        for n in range(c.min_after, c.max_after + 1):
-            hi = i - n + 1
-            if not self._reference_ok(hi) or hi < self.min_start:
-                return []
-            tail = self._slice(hi, i + 1)
-            ok, base, sigma = self._test_up(self._reference(hi), tail)
-            if ok and self._jump_at_end(tail, base):
-                return []
-            if ok:
-                self.baseline, self.sigma = base, sigma
-                return [self._open(i, n, base, max(self.seg_start + 1, self.offset,
-                                                    self.min_start))]
+        # the series alone, then (when it confirms nothing) with the caller's evidence
+        for corroborated in (False, True):
+            for n in range(c.min_after, c.max_after + 1):
+                hi = i - n + 1
+                if not self._reference_ok(hi) or hi < self.min_start:
+                    break
+                if corroborated and (self.corroborate is None or n > c.corroborate_after):
+                    break
+                tail = self._slice(hi, i + 1)
+                ref = self._reference(hi)
+                level_ok, chance, base, sigma = self._chance_up(ref, tail)
+                ok = level_ok and chance <= c.alpha
+                if corroborated:
+                    ok = self._corroborated(hi, i, *self._chance_up(ref, tail, floor=True)[:2])
+                if ok and self._jump_at_end(tail, base):
+                    return []
+                if ok:
+                    self.baseline, self.sigma = base, sigma
+                    return [self._open(i, n, base, max(self.seg_start + 1, self.offset,
+                                                        self.min_start))]
         return []
+
+    def _corroborated(self, hi: int, i: int, level_ok: bool, chance: float) -> bool:
+        """The caller's own evidence on the values ``hi..i`` (``corroborate``: the chance
+        that it arose by accident, such as one rank named the root of every one of those
+        iterations) makes an onset of at most ``corroborate_after`` values significant
+        together with the series' own test: Fisher's combination of the two chances is
+        at most ``alpha``, and each of them points that way on its own (at most
+        ``corroborate_alpha``). The series' test is its sign test at the ``threshold``
+        limits (``level_ok`` and ``chance``), not at limits raised by the reference's
+        noise: pauses in the reference inflate that noise, while a fail-slow that
+        job-level noise hides for several iterations may show in every one of them at the
+        rank level. Without the caller's evidence that test alone confirms nothing."""
+        c = self.config
+        if self.corroborate is None or not level_ok or chance > c.corroborate_alpha:
+            return False
+        evidence = self.corroborate(hi, i)
+        return evidence <= c.corroborate_alpha and fisher_combined(chance, evidence) <= c.alpha
 
     def _check_further(self, i: int) -> list[Change]:
         """A further slow-down on top of the open one(s)."""

@@ -24,7 +24,12 @@ IterationTracker`), on the data before that end only -- so they do not depend on
 records were batched, and ``detected_ns`` is the trace time of the evidence:
 
 4. :class:`~failslow.detectors.changepoints.ChangeTracker` turns the iteration times into
-   slow *levels* (onset, further onset during an open one, relief).
+   slow *levels* (onset, further onset during an open one, relief). Where pauses make
+   the iteration times too noisy to confirm a slow-down within a few iterations, the
+   ranks may: when one same compute root is named in each of the last (at most 3)
+   iterations, localized on their own against the healthy reference, the chance of that
+   by accident joins the iteration times' sign test (Fisher's combination,
+   :meth:`.anomalies.AnomalyLifecycle.corroborate`).
 5. A level becomes an anomaly once its root *persists*: each slow iteration is localized
    on its own against the reference window before the onset, and a compute root (or a slow
    link) must be found again over the slow iterations (:mod:`.anomalies`),
@@ -52,8 +57,10 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
      least its comparable cluster's pooled spread;
    * computation: ranks whose own compute per iteration grew by a share of the time lost
      and whom their peers wait on more (MEGATRACE: the timing of the calls shows the
-     computation), else the sinks of the wait-for graph; the stage from spans or from the
-     schedule;
+     computation), else the sinks of the wait-for graph (each rank's largest time bin
+     left out, a pause's place, except in one iteration's window for a rank that
+     computes in a few long gaps); the stage from spans or from the schedule, judged
+     again over the first ``refine_iterations`` of the anomaly;
    * both: mixed (CCL-D S3), when a compute root is an end of the slow link (or of a slow
      edge over the link's node pair). One anomaly: ``cause`` ``mixed``, ``ranks`` the slow
      rank (not its link peer), ``link`` the slow link named as for a communication anomaly

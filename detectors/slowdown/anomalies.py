@@ -14,7 +14,7 @@ import numpy as np
 
 from failslow.detectors.changepoints import Change, ChangeTracker
 from failslow.detectors.slowdown.accounting import BinnedStats
-from failslow.detectors.slowdown.compute import gpu_evidence, hidden_roots
+from failslow.detectors.slowdown.compute import compute_stage, gpu_evidence, hidden_roots
 from failslow.detectors.slowdown.config import SlowdownConfig
 from failslow.detectors.slowdown.levels import SlowLevel, Window
 from failslow.detectors.slowdown.localizer import INTERNAL_FIELDS, Localizer
@@ -39,6 +39,7 @@ class AnomalyLifecycle:
         self.localizer = localizer
         self.levels: list[SlowLevel] = []
         self.next_id = 0
+        change.corroborate = self.corroborate
 
     def step(self, changes: list[Change]) -> list[Anomaly]:
         """After a job iteration: open levels at onsets, close them at reliefs, confirm the
@@ -61,14 +62,49 @@ class AnomalyLifecycle:
     def _window(self, op: SlowLevel, lo_pos: int, hi_ns: int) -> Window:
         return self.timeline.window(op, lo_pos, hi_ns, self.stats.shift)
 
-    def _onset(self, ch: Change) -> None:
+    def _healthy_ref_lo(self, t0: int, iter_ns: float) -> int:
+        """Start of the reference window of a first slow level starting at ``t0``: the
+        ``baseline_iterations`` before it, within the healthy segment."""
+        ref_lo = int(t0 - self.config.baseline_iterations * iter_ns)
+        ref_lo = max(ref_lo, self.timeline.first_t)
+        seg = self.timeline.at(self.change.seg_start)[1]
+        return max(ref_lo, seg) if seg < t0 else ref_lo
+
+    def corroborate(self, hi: int, i: int) -> float:
+        """The change tracker's rank-level evidence on a tentative first onset at stream
+        position ``hi`` (``ChangeTracker.corroborate``): each of the iterations ``hi..i``
+        localized on its own against the healthy reference before ``hi`` names one same
+        compute root, and no slow link (the link-rate detector's); returns the chance that
+        this happens by accident (:meth:`_by_chance`, 1.0 when some iteration names none
+        of the others' roots). A fail-slow is a persistent slow component (CCL-D §4.2,
+        Greyhound §4.2): on a job whose iteration times jitter with pauses, its rank
+        stands out in every slow iteration long before the iteration times alone are
+        significant."""
         c = self.config
+        base = self.change.baseline
+        if self.levels or not base > 0:
+            return 1.0
+        t0 = int(self.timeline.at(hi)[1])
+        ref_lo = min(self._healthy_ref_lo(t0, base), t0 - (1 << self.stats.shift))
+        probe = SlowLevel(anomaly={}, onset_pos=hi, ref_lo_ns=ref_lo, ref_iter_ns=base,
+                          healthy_ns=base)
+        named: list[int] = []
+        common: set[int] | None = None
+        for pos in range(hi, i + 1):
+            _, s0, d = self.timeline.at(pos)
+            one = self.localizer.localize(self._window(probe, pos, s0 + d), probe, light=True)
+            comm, _, found = one["signature"]
+            roots = list(found) if one["confident"] and not comm else []
+            common = set(roots) if common is None else common & set(roots)
+            if not common or len(roots) > c.max_roots:
+                return 1.0
+            named.append(len(roots))
+        return min(self._by_chance(named, len(named)), 1.0)
+
+    def _onset(self, ch: Change) -> None:
         idx, t0, _ = self.timeline.at(ch.index)
         if ch.depth <= 1 or not self.levels:
-            ref_lo = int(t0 - c.baseline_iterations * ch.baseline)
-            ref_lo = max(ref_lo, self.timeline.first_t)
-            seg = self.timeline.at(self.change.seg_start)[1]
-            ref_lo = max(ref_lo, seg) if seg < t0 else ref_lo
+            ref_lo = self._healthy_ref_lo(t0, ch.baseline)
             healthy = ch.baseline
         else:
             lower = self.levels[-1]
@@ -436,7 +472,8 @@ class AnomalyLifecycle:
             roots = sorted(set(roots) | set(hidden_roots(
                 self.stats, self.config, whole, roots + sorted(self._below(op)))))
         if comm_ok == bool(old_comm) and roots == sorted(old_roots):
-            return []
+            return self._restage(op) if len(op.per_iter) == \
+                op.first + self.config.refine_iterations else []
         win = self._window(op, op.onset_pos + first, self.timeline.horizon)
         if op.extra:  # the slow link is reported apart: refine the compute anomaly
             loc = self.localizer.localize(win, op, roots=roots, comm=False)
@@ -455,6 +492,21 @@ class AnomalyLifecycle:
                            if k not in INTERNAL_FIELDS})
         op.anomaly.update(keep)
         return [_anomaly(op.anomaly)]
+
+    def _restage(self, op: SlowLevel) -> list[Anomaly]:
+        """A compute anomaly's pass (MEGATRACE §III-C), judged again over the
+        ``refine_iterations`` iterations since its root appeared and reported again when
+        it changed: a pass told from the first two slow iterations rests on a few pass
+        bins."""
+        a = op.anomaly
+        if a.get("cause") != "compute" or not a.get("ranks"):
+            return []
+        win = self._window(op, op.onset_pos + op.first, self.timeline.horizon)
+        stage = compute_stage(self.stats, [int(r) for r in a["ranks"]], win)
+        if stage == a.get("stage"):
+            return []
+        a["stage"] = stage
+        return [_anomaly(a)]
 
     def _drop(self, op: SlowLevel) -> None:
         i = self.levels.index(op)

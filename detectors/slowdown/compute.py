@@ -35,37 +35,56 @@ def excess_rates(table: BinTable, value: str, by: tuple[str, ...], win: Window
     return {k: agg[k] for k in by}, agg["v"]
 
 
-#: below this many iterations in a window, a pure data-parallel job's ranks keep their
-#: largest compute bin (:func:`compute_excess`)
+#: below this many iterations, a window keeps the largest compute bin of a rank ...
 WHOLE_GAP_ITERATIONS = 2.5
+#: ... whose largest bin of an iteration holds at least this share of its compute
+WHOLE_GAP_SHARE = 0.5
+#: ... their median growth is left out when they are at least this many
+WHOLE_GAP_PEERS = 4
 
 
 def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndarray] | None:
     """Per rank, how much its own compute per iteration (the gaps between its
     operations) grew, as a share of the time lost per iteration; None without gap data.
     Each rank's largest time bin is left out of both windows: a pause (GC) fills one
-    bin, a slow rank all of them. Not in a pure data-parallel job's window of under
-    :data:`WHOLE_GAP_ITERATIONS` iterations: there a rank computes in one gap per
-    iteration, and its largest bin is most of the straggler's extra compute."""
+    bin, a slow rank all of them. Not in a window of under :data:`WHOLE_GAP_ITERATIONS`
+    iterations for a rank that computes in a few long gaps, whose largest bin of a
+    reference iteration holds :data:`WHOLE_GAP_SHARE` of its compute or more (a pure
+    data-parallel job; a pipeline stage without tensor parallelism, whose passes run
+    between its sends and receives): there that bin is most of a straggler's extra
+    compute in one iteration. The growth those ranks share (their median, when there are
+    :data:`WHOLE_GAP_PEERS` of them) is left out of theirs."""
     w = stats.comp.query(win.lo, win.hi, ("bin", "rank"))
     if len(w["rank"]) == 0:
         return None
     b = stats.comp.query(win.b_lo, win.b_hi, ("bin", "rank"))
     bin_ns = float(1 << stats.shift)
-    if stats.pure_dp and win.iterations < WHOLE_GAP_ITERATIONS:
-        rw, tw = _summed(w["rank"], w["d"])
-        rb, tb = _summed(b["rank"], b["d"])
-        trim = 0.0
-    else:
-        rw, tw = _trimmed(w["rank"], w["d"])
-        rb, tb = _trimmed(b["rank"], b["d"])
-        trim = bin_ns
-    rate_w = tw / max(win.win_ns - trim, bin_ns)
-    rate_b = _lookup(rw, rb, tb) / max(win.base_ns - trim, bin_ns)
+    rw, sw = _summed(w["rank"], w["d"])
+    tw = _trimmed(w["rank"], w["d"])[1]
+    rb, sb = _summed(b["rank"], b["d"])
+    tb = _trimmed(b["rank"], b["d"])[1]
+    whole = np.zeros(len(rw), dtype=bool)
+    if win.iterations < WHOLE_GAP_ITERATIONS:
+        # the share of its compute in its largest bin of each reference iteration (its
+        # largest bins, as many as the reference has iterations: one pause there fills
+        # one of them, not all)
+        k = max(int(round(win.ref_iterations)), 1)
+        largest = _top_sums(b["rank"], b["d"], k) / np.maximum(sb, 1.0)
+        whole = stats.pure_dp | (_lookup(rw, rb, largest) >= WHOLE_GAP_SHARE)
+    rate_w = np.where(whole, sw / max(win.win_ns, bin_ns),
+                      tw / max(win.win_ns - bin_ns, bin_ns))
+    rate_b = np.where(whole, _lookup(rw, rb, sb) / max(win.base_ns, bin_ns),
+                      _lookup(rw, rb, tb) / max(win.base_ns - bin_ns, bin_ns))
     has_b = _lookup(rw, rb, np.ones(len(rb))) > 0
     lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
     excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
                       0.0)
+    common = whole & has_b
+    if common.sum() >= WHOLE_GAP_PEERS:
+        # a long gap that ends on either side of a window edge moves a whole gap in or
+        # out of one iteration's window: the growth those ranks share is no one rank's
+        # (a straggler stands out of its peers)
+        excess = np.where(common, excess - float(np.median(excess[common])), excess)
     return rw, excess
 
 
@@ -323,6 +342,17 @@ def _summed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
     """Per key (sorted unique keys): the sum of its values."""
     uniq, inv = np.unique(keys, return_inverse=True)
     return uniq, np.bincount(inv.reshape(-1), values.astype(np.float64), minlength=len(uniq))
+
+
+def _top_sums(keys: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Per key (sorted unique keys): the sum of its ``k`` largest values."""
+    if len(keys) == 0:
+        return np.zeros(0)
+    order = np.lexsort((-values, keys))
+    sk, v = keys[order], values[order].astype(np.float64)
+    starts = _group_starts(sk)
+    nth = np.arange(len(sk)) - np.repeat(starts, np.diff(np.append(starts, len(sk))))
+    return np.add.reduceat(np.where(nth < k, v, 0.0), starts)
 
 
 def _trimmed(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,9 +22,11 @@ class SlowdownConfig:
     # anomaly only once a root persists over its slow iterations beyond chance
     # (_persistent), which rejects the bursts of pauses and jitter such a test lets through;
     # values count as slower from 4% on (a 5% slow-down must be found: at a 5% threshold
-    # only about half of its iterations would count)
-    change: ChangeConfig = field(default_factory=lambda: ChangeConfig(alpha=0.01,
-                                                                      threshold=0.04))
+    # only about half of its iterations would count); an onset of up to 3 slow iterations
+    # may be confirmed together with the rank-level evidence (one compute root in each,
+    # AnomalyLifecycle.corroborate)
+    change: ChangeConfig = field(default_factory=lambda: ChangeConfig(
+        alpha=0.01, threshold=0.04, corroborate_after=3))
     # CCL-D §4.2.1
     baseline_rounds: int = 100  # T_base: mean T_max of the first m rounds ...
     baseline_seconds: float = 120.0  # ... m = min(100, rounds in the first two minutes)

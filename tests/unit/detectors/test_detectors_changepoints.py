@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from support.snapshots import roundtrip
@@ -17,6 +19,7 @@ from failslow.detectors.changepoints import (
     bocpd_map,
     changepoints,
     detect_changepoints,
+    fisher_combined,
     run_chance,
     segment,
     standardize,
@@ -446,3 +449,96 @@ def test_a_lasting_speed_up_still_resets_the_baseline() -> None:
     tr = ChangeTracker(ChangeConfig())
     onsets = [ch for v in x for ch in tr.push(float(v)) if ch.kind == "onset"]
     assert [o.index for o in onsets] == [32]
+
+
+def test_fisher_combination_of_two_chances() -> None:
+    assert fisher_combined(1.0, 1.0) == pytest.approx(1.0)
+    assert fisher_combined(0.0, 0.5) == 0.0
+    # chi-square with 4 degrees of freedom beyond -2 ln(p1 p2)
+    p = 0.01 * 0.05
+    x = -2 * np.log(p)
+    assert fisher_combined(0.01, 0.05) == pytest.approx(np.exp(-x / 2) * (1 + x / 2))
+    # never below either chance alone times its own log factor: two weak chances make no
+    # strong one (0.1 and 0.1 -> 0.056, not 0.01)
+    assert fisher_combined(0.1, 0.1) > 0.05
+
+
+def _noisy_then_slow(seed: int) -> np.ndarray:
+    """40 healthy iterations, two in every five slowed 30-50% by pauses that last two
+    iterations, then a 25% slow-down: the iteration times alone confirm it only after
+    several values (the reference's exceedances come in runs)."""
+    rng = np.random.default_rng(seed)
+    x = 1 + rng.normal(0, 0.01, 60)
+    spikes = np.arange(60) % 5 < 2
+    spikes[40:] = False
+    x[spikes] *= rng.uniform(1.3, 1.5, int(spikes.sum()))
+    x[40:] *= 1.25
+    return x
+
+
+def _first_onset(x: np.ndarray, corroborate: Callable[[int, int], float] | None = None,
+                 after: int = 3) -> tuple[int, int] | None:
+    tracker = ChangeTracker(ChangeConfig(alpha=0.01, threshold=0.04, corroborate_after=after))
+    tracker.corroborate = corroborate
+    for v in x:
+        for ch in tracker.push(float(v)):
+            if ch.kind == "onset":
+                return ch.index, ch.detected_index
+    return None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_rank_evidence_confirms_an_onset_that_pauses_hide(seed: int) -> None:
+    x = _noisy_then_slow(seed)
+    alone = _first_onset(x)
+    assert alone == (40, 45)  # the series alone: 6 values
+    calls: list[tuple[int, int]] = []
+
+    def one_root_each(hi: int, i: int) -> float:
+        calls.append((hi, i))
+        return 32 * (1 / 32) ** (i - hi + 1) if hi >= 40 else 1.0  # one rank of 32, each
+
+    got = _first_onset(x, one_root_each)
+    assert got == (40, 42)  # 3 values (2 are not enough: Fisher's 0.03 > 0.01)
+    assert all(i - hi + 1 <= 3 for hi, i in calls)  # never beyond corroborate_after
+    # evidence that says nothing, or no evidence asked for, changes nothing
+    assert _first_onset(x, lambda hi, i: 1.0) == alone
+    assert _first_onset(x, one_root_each, after=0) == alone
+
+
+def test_rank_evidence_alone_opens_no_level_on_healthy_values() -> None:
+    # rank evidence joins the series' test, it does not replace it: where pauses slow
+    # two iterations in every five (never two in a row), one or two paused values among
+    # the last two or three are no news however strongly the caller vouches for them
+    # (their own chance is over corroborate_alpha)
+    rng = np.random.default_rng(6)
+    x = 1 + rng.normal(0, 0.01, 80)
+    spikes = np.isin(np.arange(80) % 5, (0, 2))
+    x[spikes] *= rng.uniform(1.3, 1.5, int(spikes.sum()))
+    assert _first_onset(x, lambda hi, i: 1e-9) is None
+
+
+def test_the_series_test_at_the_floor_confirms_nothing_without_the_callers_evidence() -> None:
+    """The floor test leaves the limits where pauses in the reference do not raise them:
+    alone, however small its chance, it is no onset (the caller's evidence must point
+    that way on its own too, ``corroborate_alpha``)."""
+    tracker = ChangeTracker(ChangeConfig(alpha=0.01, corroborate_after=3))
+    asked: list[float] = []
+
+    def evidence(value: float) -> None:
+        def chance(hi: int, i: int) -> float:
+            asked.append(value)
+            return value
+
+        tracker.corroborate = chance
+
+    evidence(1.0)
+    assert not tracker._corroborated(10, 12, True, 1e-9)
+    evidence(0.3)
+    assert not tracker._corroborated(10, 12, True, 1e-9)
+    evidence(0.15)
+    assert tracker._corroborated(10, 12, True, 1e-4)
+    assert not tracker._corroborated(10, 12, True, 0.05)  # Fisher: 0.0075 -> 0.056
+    assert not tracker._corroborated(10, 12, True, 0.3)  # the series says no
+    assert not tracker._corroborated(10, 12, False, 1e-9)  # nor its median
+    assert asked == [1.0, 0.3, 0.15, 0.15]  # not asked when the series says no
