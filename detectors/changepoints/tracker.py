@@ -354,11 +354,10 @@ class ChangeTracker:
                 if corroborated and (self.corroborate is None or n > c.corroborate_after):
                     break
                 tail = self._slice(hi, i + 1)
-                ref = self._reference(hi)
-                level_ok, chance, base, sigma = self._chance_up(ref, tail)
-                ok = level_ok and chance <= c.alpha
-                if corroborated:
-                    ok = self._corroborated(hi, i, *self._chance_up(ref, tail, floor=True)[:2])
+                level_ok, chance, base, sigma = self._chance_up(self._reference(hi), tail,
+                                                                floor=corroborated)
+                ok = self._corroborated(hi, i, level_ok, chance) if corroborated \
+                    else level_ok and chance <= c.alpha
                 if ok and self._jump_at_end(tail, base):
                     return []
                 if ok:
