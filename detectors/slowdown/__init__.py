@@ -26,10 +26,10 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
 4. :class:`~failslow.detectors.changepoints.ChangeTracker` turns the iteration times into
    slow *levels* (onset, further onset during an open one, relief). Where pauses make
    the iteration times too noisy to confirm a slow-down within a few iterations, the
-   ranks may: when one same compute root is named in each of the last (at most 3)
-   iterations, localized on their own against the healthy reference, the chance of that
-   by accident joins the iteration times' sign test (Fisher's combination,
-   :meth:`.anomalies.AnomalyLifecycle.corroborate`).
+   ranks may: when one same compute root, or one same slow link, is named in each of
+   the last (at most 3) iterations, localized on their own against the healthy
+   reference, the chance of that by accident joins the iteration times' sign test
+   (Fisher's combination, :meth:`.anomalies.AnomalyLifecycle.corroborate`).
 5. A level becomes an anomaly once its root *persists*: each slow iteration is localized
    on its own against the reference window before the onset, and a compute root (or a slow
    link) must be found again over the slow iterations (:mod:`.anomalies`),

@@ -72,13 +72,15 @@ class AnomalyLifecycle:
 
     def corroborate(self, hi: int, i: int) -> float:
         """The change tracker's rank-level evidence on a tentative first onset at stream
-        position ``hi`` (``ChangeTracker.corroborate``): each of the iterations ``hi..i``
-        localized on its own against the healthy reference before ``hi`` names one same
-        compute root, and no slow link (the link-rate detector's); returns the chance that
-        this happens by accident (:meth:`_by_chance`, 1.0 when some iteration names none
-        of the others' roots). A fail-slow is a persistent slow component (CCL-D §4.2,
-        Greyhound §4.2): on a job whose iteration times jitter with pauses, its rank
-        stands out in every slow iteration long before the iteration times alone are
+        position ``hi`` (``ChangeTracker.corroborate``): each of the iterations ``hi..i``,
+        localized on its own against the healthy reference before ``hi``, names one same
+        compute root, or one same slow link (or set of candidate hops), or both (a mixed
+        slow-down). Returns the chance that this happens by accident, the smaller of
+        :meth:`_by_chance` for the root and :meth:`_link_by_chance` for the link (1.0
+        when the iterations agree on neither). A fail-slow is a persistent slow component
+        (CCL-D §4.2, Greyhound §4.2): on a job whose iteration times jitter with pauses,
+        or whose reference is too short for two values to be significant, its rank or
+        link stands out in every slow iteration before the iteration times alone are
         significant."""
         c = self.config
         base = self.change.baseline
@@ -90,16 +92,29 @@ class AnomalyLifecycle:
                           healthy_ns=base)
         named: list[int] = []
         common: set[int] | None = None
+        links: list[tuple[str, ...]] = []
         for pos in range(hi, i + 1):
             _, s0, d = self.timeline.at(pos)
             one = self.localizer.localize(self._window(probe, pos, s0 + d), probe, light=True)
-            comm, _, found = one["signature"]
-            roots = list(found) if one["confident"] and not comm else []
-            common = set(roots) if common is None else common & set(roots)
-            if not common or len(roots) > c.max_roots:
+            comm, ident, roots = one["signature"] if one["confident"] else (False, [], [])
+            if len(roots) > c.max_roots:
                 return 1.0
+            common = set(roots) if common is None else common & set(roots)
+            links.append(tuple(ident) if comm else ())
             named.append(len(roots))
-        return min(self._by_chance(named, len(named)), 1.0)
+        chance = 1.0
+        if common:
+            chance = self._by_chance(named, len(named))
+        if links[0] and len(set(links)) == 1:
+            chance = min(chance, self._link_by_chance(len(links)))
+        return min(chance, 1.0)
+
+    def _link_by_chance(self, hits: int) -> float:
+        """The chance that ``hits`` localizations, each naming one slow link, name the
+        same one by accident: each could name any of the job's L node pairs a ring joins
+        (L, the number of nodes), so L^(1 - hits); 1.0 on a single node."""
+        nodes = len(set(self.meta.nodes.values()))
+        return float(nodes) ** (1 - hits) if nodes >= 2 else 1.0
 
     def _onset(self, ch: Change) -> None:
         idx, t0, _ = self.timeline.at(ch.index)
