@@ -102,6 +102,8 @@ class AnomalyLifecycle:
             common = set(roots) if common is None else common & set(roots)
             links.append(tuple(ident) if comm else ())
             named.append(len(roots))
+            if not common and not (links[0] and links[-1] == links[0]):
+                return 1.0  # they agree on neither: no need to localize the rest
         chance = 1.0
         if common:
             chance = self._by_chance(named, len(named))

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import stream_synth
 
 from failslow.bench import heldout as hg
 from failslow.bench.heldout_score import elapsed_iterations
 from failslow.comms import infer_comms
+from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly
 from failslow.engine.analyzer import JobAnalyzer
 from failslow.engine.offline import analyze
@@ -138,3 +140,17 @@ def test_a_slow_data_parallel_link_is_confirmed_by_its_second_slow_iteration(
     ((cause, ranks, latency),) = _found(spec, tmp_path / "job")
     assert (cause, ranks) == ("communication", [2, 4])
     assert 0 < latency <= 2.5
+
+
+def test_the_chance_that_iterations_name_one_same_link_by_accident() -> None:
+    """L^(1 - n) for L nodes (the node pairs a ring joins): n = 2 iterations of a 16-node
+    job, 1/16; one node gives no evidence at all (every link of it is one NVLink domain)."""
+    def lifecycle(nodes: dict[int, str]) -> Any:
+        meta = dataclasses.replace(stream_synth.meta(), nodes=nodes)
+        return SlowdownDetector(meta).lifecycle
+
+    sixteen = lifecycle({r: f"n{r // 4}" for r in range(64)})
+    assert sixteen._link_by_chance(2) == pytest.approx(1 / 16)
+    assert sixteen._link_by_chance(3) == pytest.approx(1 / 256)
+    assert lifecycle({r: "n0" for r in range(8)})._link_by_chance(3) == 1.0
+    assert lifecycle({})._link_by_chance(2) == 1.0
