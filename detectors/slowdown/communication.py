@@ -270,9 +270,9 @@ def _link_in_node(stats: BinnedStats, config: SlowdownConfig, win: Window,
         return None, [], cidx, None, []
     best = max(score.values())
     tied = sorted(k for k, v in score.items() if v >= best * 0.999)
-    here = node(tied[0][0])
     if len(tied) > 1:
         return None, [], cidx, None, [list(e) for e in tied]
+    here = node(tied[0][0])
     pair, pair_cidx = _link_pair(stats, config, win, here, here, slow)
     return pair, [here, here], pair_cidx if pair_cidx >= 0 else cidx, {}, []
 

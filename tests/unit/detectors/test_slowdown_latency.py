@@ -124,8 +124,8 @@ def test_a_slow_data_parallel_link_is_confirmed_by_its_second_slow_iteration(
     """tp2 pp8 dp4 on 16 nodes of 4 GPUs: the DP ring's hop between ranks 2 and 4 (two
     nodes) is 3x slower, and the job 28% slower. One pause of 30 ms in the reference
     leaves the sign test of two slow iterations at a chance of 1/75, short of its 1%
-    level, so the iteration times alone confirmed it at the third slow iteration (3.0
-    iterations after the onset). Both slow iterations, each localized on its own, name
+    level, so the iteration times alone confirmed it at the third slow iteration (3.12
+    and 3.13 iterations after the onset). Both slow iterations, each localized alone, name
     the same link: the chance of that by accident is 1/16 (one hop of the 16 nodes'),
     and together the two are significant (``AnomalyLifecycle._link_by_chance``)."""
     spec = hg.Spec(tp=2, pp=8, dp=4, microbatches=8, iterations=26, order=("tp", "dp", "pp"),
