@@ -265,7 +265,12 @@ class KafkaConsumerSide:
 
     def lag(self) -> int | None:
         """Messages after this consumer's positions in its assigned partitions (asks the
-        broker for the end offsets); None before the consumer joined or on error."""
+        broker for the end offsets). None (unknown) before the consumer joined, on error,
+        while a position is not known (a partition waiting for its committed offset), and
+        while a partition number this consumer holds lacks an existing subscribed topic
+        (its metadata came back after a broker restart later than the others': the group
+        assigns it at the next rebalance). A lag of 0 then would say "caught up" while a
+        whole topic is unread."""
         consumer = self._consumer
         if consumer is None:
             return None
@@ -273,13 +278,29 @@ class KafkaConsumerSide:
             assigned = list(consumer.assignment())
             if not assigned:
                 return 0
+            if self._topic_unassigned(consumer, assigned):
+                return None
             ends = consumer.end_offsets(assigned, timeout_ms=2000)
             at = kafka_compat.positions(consumer)
-            return sum(max(0, int(ends[tp]) - int(at[tp] or 0)) for tp in assigned
-                       if at.get(tp) is not None and tp in ends)
+            if any(at.get(tp) is None or tp not in ends for tp in assigned):
+                return None
+            return sum(max(0, int(ends[tp]) - int(at[tp] or 0)) for tp in assigned)
         except Exception as e:  # noqa: BLE001 - metrics only
             log.debug("kafka lag unknown: %s", e)
             return None
+
+    def _topic_unassigned(self, consumer: Any, assigned: list[Any]) -> bool:
+        """Whether a partition number in ``assigned`` lacks a subscribed topic that the
+        consumer's metadata knows (the range assignor gives a consumer the same partition
+        numbers of every topic)."""
+        held = {(tp.topic, tp.partition) for tp in assigned}
+        numbers = {p for _, p in held}
+        cluster = consumer._cluster  # kafka-python's metadata
+        for name in (self.kafka_topic(t) for t in self._subscribed):
+            known = cluster.partitions_for_topic(name) or set()
+            if any(p in known and (name, p) not in held for p in numbers):
+                return True
+        return False
 
     def drained(self) -> bool:
         """Whether the consumer has joined its group, holds partitions of every subscribed

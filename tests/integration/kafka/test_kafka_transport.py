@@ -430,3 +430,40 @@ def test_a_broker_that_cannot_start_fails_with_its_log_tail(broker: Broker,
         infra.kafka_up(0, state_dir=tmp_path, heap="1k", timeout=60)  # no JVM starts on 1 kB
     assert "heap" in str(err.value).lower()  # the JVM's complaint, from the log tail
     assert not infra.kafka_status(tmp_path).running
+
+
+def test_lag_is_unknown_while_a_subscribed_topic_waits_for_its_partitions(
+        broker: Broker) -> None:
+    """After a broker restart a topic's metadata can come back later than the others': the
+    consumer holds partition p of one topic and not yet of the other, which the group assigns
+    at its next rebalance. Its lag is unknown then, not 0 ("caught up" with a topic unread:
+    a test stopped its processor on that and lost rows)."""
+    pfx = prefix()
+    span = topic_for("span")
+    consumer = transport(broker, topic_prefix=pfx, produce=False, create_topics=False,
+                         subscribe=(COLL, span), partitions=2)
+    try:
+        with transport(broker, topic_prefix=pfx, subscribe=(), partitions=2, produce=False,
+                       create_topics=False) as admin:
+            assert admin.ensure_topics([COLL])
+            deadline = time.monotonic() + 60
+            while len(consumer._consumer.assignment() if consumer._consumer else ()) < 2:
+                assert time.monotonic() < deadline, "coll's partitions never assigned"
+                consumer.poll(10, timeout=0.2)
+            assert consumer.lag() == 0
+            assert admin.ensure_topics([span])
+        kafka = consumer._consumer
+        deadline = time.monotonic() + 30
+        while not kafka._cluster.partitions_for_topic(pfx + span):  # known, not yet assigned
+            assert time.monotonic() < deadline, "the new topic never reached the metadata"
+            kafka._cluster.request_update()
+            time.sleep(0.2)
+        assert {tp.topic for tp in kafka.assignment()} == {pfx + COLL}
+        assert consumer.lag() is None
+        deadline = time.monotonic() + 60
+        while len(kafka.assignment()) < 4:  # the rebalance onto the new topic
+            assert time.monotonic() < deadline, "the new topic's partitions never assigned"
+            consumer.poll(10, timeout=0.2)
+        assert consumer.lag() == 0
+    finally:
+        consumer.close()
