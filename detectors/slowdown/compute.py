@@ -239,7 +239,10 @@ def explained_by(stats: BinnedStats, config: SlowdownConfig, win: Window, roots:
         ranks = stats.registry.ranks(i)
         if near.intersection(ranks) and set(roots) & set(ranks):
             near.update(ranks)
-    return all(set(g["ranks"]) & near for g in slow)
+    # a collective round is timed from its last member's entry: a root outside it delays
+    # its entry, not its transfer (a pipeline neighbour of a root on a slow data-parallel
+    # ring is no side effect of the root)
+    return all(set(g["ranks"]) & (near if g["group"] >= 0 else set(roots)) for g in slow)
 
 
 def wait_graph(stats: BinnedStats, win: Window) -> WaitGraph:
