@@ -70,48 +70,69 @@ def _orders(prefer: Sequence[str] | None = None) -> list[tuple[str, ...]]:
     return [*first, *[o for o in [_DIMS, *rest] if o not in first]]
 
 
-def rank_order(groups: Sequence[tuple[Sequence[int], bool]], meta: JobMeta
-               ) -> tuple[str, ...]:
+def rank_order(groups: Sequence[tuple[Sequence[int], bool]], meta: JobMeta,
+               calls: Sequence[float] | None = None) -> tuple[str, ...]:
     """The rank order of a job (dimension varying fastest first) that explains most of its
     communicators ``groups`` (members, point-to-point only?): a group fits an order when its
     members differ in one dimension and cover it, and fits it fully when its use agrees
     (send / recv only for ``pp``, collectives otherwise). One order holds for the whole job,
-    so degrees that are alike (dp == pp) are told apart by the other groups. Ties go to
-    Megatron's order."""
+    so degrees that are alike (dp == pp) are told apart by the other groups.
+
+    Tensor- and data-parallel groups of one size use alike (collectives both), so tp == dp
+    leaves orders that swap them tied. ``calls`` (collective calls per member of each
+    group) then decides: tensor parallelism runs its collectives in every layer of every
+    microbatch, data parallelism once per gradient bucket and step (Megatron-LM), so the
+    order whose TP groups call more is the job's. Remaining ties go to Megatron's order."""
     degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
     best: tuple[str, ...] = _DIMS
-    best_score = -1.0
+    best_score = (-1.0, 0)
     for order in _orders():
         score = 0.0
-        for ranks, p2p in groups:
+        use: dict[str, list[float]] = {"tp": [], "dp": []}
+        for i, (ranks, p2p) in enumerate(groups):
             arr = np.asarray(ranks, dtype=np.int64)
             varying = _varying(arr, order, degrees)
             if len(varying) == 1 and degrees[varying[0]] == len(arr):
                 score += 1.0 if (varying[0] == "pp") == p2p else 0.5
-        if score > best_score:
-            best, best_score = order, score
+                if calls is not None and varying[0] in use and not p2p:
+                    use[varying[0]].append(float(calls[i]))
+        tp_calls, dp_calls = (float(np.median(use[d])) if use[d] else None
+                              for d in ("tp", "dp"))
+        busier = 0 if tp_calls is None or dp_calls is None else int(
+            np.sign(tp_calls - dp_calls))
+        if (score, busier) > best_score:
+            best, best_score = order, (score, busier)
     return best
 
 
 def infer_comms(coll: pa.Table, meta: JobMeta) -> tuple[Comm, ...]:
     """Communicators from ``coll`` rows (events.md: ``comms`` may be empty): members from
-    (comm, comm_rank, rank), kinds from membership and degrees."""
+    (comm, comm_rank, rank), kinds from membership and degrees (and, where tp == dp, from
+    how often each group calls collectives: :func:`rank_order`). A ``rows`` column, when
+    there is one, gives how many rows each row stands for (a deduplicated table)."""
     if coll.num_rows == 0:
         return ()
+    rows = (coll.column("rows") if "rows" in coll.column_names
+            else pa.array(np.ones(coll.num_rows, dtype=np.int64)))
     t = pa.table({"comm": coll.column("comm"), "cr": coll.column("comm_rank"),
-                  "rank": coll.column("rank"), "op": coll.column("op")})
+                  "rank": coll.column("rank"), "op": coll.column("op"), "rows": rows})
     members = t.group_by(["comm", "cr", "rank"]).aggregate([]).sort_by(
         [("comm", "ascending"), ("cr", "ascending")])
-    ops = t.group_by(["comm", "op"]).aggregate([])
+    ops = t.group_by(["comm", "op"]).aggregate([("rows", "sum")])
     p2p_comms: dict[int, bool] = {}
-    for c, op in zip(ops.column("comm").to_pylist(), ops.column("op").to_pylist(), strict=True):
-        p2p_comms[c] = p2p_comms.get(c, True) and op in ("send", "recv")
+    coll_rows: dict[int, float] = {}
+    for c, op, n in zip(ops.column("comm").to_pylist(), ops.column("op").to_pylist(),
+                        ops.column("rows_sum").to_pylist(), strict=True):
+        p2p = op in ("send", "recv")
+        p2p_comms[c] = p2p_comms.get(c, True) and p2p
+        coll_rows[c] = coll_rows.get(c, 0.0) + (0.0 if p2p else float(n))
     comm_col = members.column("comm").to_numpy()
     rank_col = members.column("rank").to_numpy()
     uniq, starts = np.unique(comm_col, return_index=True)
     bounds = [*starts.tolist(), len(comm_col)]
     groups = [(int(c), tuple(int(r) for r in rank_col[bounds[i]:bounds[i + 1]]))
               for i, c in enumerate(uniq.tolist())]
-    order = rank_order([(ranks, p2p_comms.get(c, False)) for c, ranks in groups], meta)
+    order = rank_order([(ranks, p2p_comms.get(c, False)) for c, ranks in groups], meta,
+                       [coll_rows.get(c, 0.0) / max(len(ranks), 1) for c, ranks in groups])
     return tuple(Comm(c, infer_comm_kind(ranks, meta, p2p_comms.get(c, False), order), ranks)
                  for c, ranks in groups)

@@ -240,15 +240,19 @@ def read_window(td: TraceDir, rows: WindowRows) -> dict[str, pa.Table]:
 
 
 def _membership(td: TraceDir) -> pa.Table:
-    """The ``coll`` columns that tell communicator membership, deduplicated as read."""
+    """The ``coll`` columns that tell communicator membership, deduplicated as read, with
+    the number of rows each line stands for (``rows``: how often a group calls)."""
     cols = ["comm", "comm_rank", "rank", "op"]
     parts = []
     for table in td.iter_batches("coll"):
-        part = table.select(cols).group_by(cols).aggregate([])
-        parts.append(part)
+        part = table.select(cols).group_by(cols).aggregate([("comm", "count")])
+        parts.append(pa.table({**{c: part.column(c) for c in cols},
+                               "rows": part.column("comm_count")}))
     if not parts:
-        return events.empty("coll").select(cols)
-    return pa.concat_tables(parts).group_by(cols).aggregate([])
+        empty = events.empty("coll").select(cols)
+        return empty.append_column("rows", pa.array([], pa.int64()))
+    merged = pa.concat_tables(parts).group_by(cols).aggregate([("rows", "sum")])
+    return pa.table({**{c: merged.column(c) for c in cols}, "rows": merged.column("rows_sum")})
 
 
 class _Source:

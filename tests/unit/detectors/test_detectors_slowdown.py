@@ -124,6 +124,36 @@ def test_infer_comm_kinds_from_membership() -> None:
     assert infer_comm_kind(list(range(1, 64, 8)), alike) == "pp"
 
 
+def test_tp_and_dp_of_one_size_are_told_apart_by_how_often_they_call(tmp_path) -> None:
+    """tp == dp: orders that swap them explain every group alike, and Megatron's order won
+    the tie, so in a job whose DP index varies fastest each DP ring was labelled TP (held-out
+    seed 11 ``link-dp-4``, tp4 pp8 dp4: a slow DP ring reported as ``tp_collective``). The
+    groups that call collectives more often are the TP ones."""
+    meta = dataclasses.replace(_meta(16), tp=4, pp=1, dp=4)
+    contiguous = [(list(range(4 * g, 4 * g + 4)), False) for g in range(4)]
+    strided = [(list(range(g, 16, 4)), False) for g in range(4)]
+    groups = contiguous + strided
+    assert rank_order(groups, meta) == ("tp", "cp", "dp", "pp")  # no calls: Megatron's
+    dp_first = rank_order(groups, meta, [2.0] * 4 + [40.0] * 4)
+    assert dp_first.index("dp") < dp_first.index("tp")
+    assert infer_comm_kind(list(range(4)), meta, prefer=dp_first) == "dp"
+    assert infer_comm_kind([1, 5, 9, 13], meta, prefer=dp_first) == "tp"
+    tp_first = rank_order(groups, meta, [40.0] * 4 + [2.0] * 4)
+    assert tp_first.index("tp") < tp_first.index("dp")
+    # end to end, from the rows of the independent generator's job in that rank order
+    from failslow.bench import heldout as hg
+    from failslow.engine.offline import _membership
+    from failslow.tracedir import TraceDir
+
+    spec = hg.Spec(tp=4, pp=2, dp=4, microbatches=2, iterations=6, order=("dp", "tp", "pp"),
+                   gpus_per_node=8, dp_mode="allreduce", seed=11, faults=[])
+    hg.write(spec, tmp_path / "job")
+    td = TraceDir(tmp_path / "job")
+    for rows in (_membership(td), td.read("coll")):
+        kinds = {c.ranks: c.kind for c in infer_comms(rows, td.meta())}
+        assert kinds[(0, 1, 2, 3)] == "dp" and kinds[(0, 4, 8, 12)] == "tp"
+
+
 def test_infer_comms_from_rows_matches_meta() -> None:
     job = generate(tp=2, pp=2, dp=2, iterations=2)
     bare = dataclasses.replace(job.meta, comms=())
