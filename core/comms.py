@@ -86,20 +86,40 @@ def rank_order(groups: Sequence[tuple[Sequence[int], bool]], meta: JobMeta,
     degrees = {"tp": meta.tp, "cp": meta.cp, "dp": meta.dp, "pp": meta.pp}
     best: tuple[str, ...] = _DIMS
     best_score = (-1.0, 0)
+    if not groups:
+        return best
+    # every group's members in one array (one pass of numpy per order and dimension)
+    sizes = np.array([len(r) for r, _ in groups], dtype=np.int64)
+    keep = sizes > 0
+    flat = np.concatenate([np.asarray(r, dtype=np.int64) for r, _ in groups if len(r)]
+                          or [np.zeros(0, dtype=np.int64)])
+    starts = np.concatenate([[0], np.cumsum(sizes[keep])[:-1]]).astype(np.int64)
+    p2p = np.array([bool(p) for _, p in groups], dtype=bool)[keep]
+    n = sizes[keep]
+    use_calls = np.asarray(calls, dtype=np.float64)[keep] if calls is not None else None
     for order in _orders():
-        score = 0.0
-        use: dict[str, list[float]] = {"tp": [], "dp": []}
-        for i, (ranks, p2p) in enumerate(groups):
-            arr = np.asarray(ranks, dtype=np.int64)
-            varying = _varying(arr, order, degrees)
-            if len(varying) == 1 and degrees[varying[0]] == len(arr):
-                score += 1.0 if (varying[0] == "pp") == p2p else 0.5
-                if calls is not None and varying[0] in use and not p2p:
-                    use[varying[0]].append(float(calls[i]))
-        tp_calls, dp_calls = (float(np.median(use[d])) if use[d] else None
-                              for d in ("tp", "dp"))
-        busier = 0 if tp_calls is None or dp_calls is None else int(
-            np.sign(tp_calls - dp_calls))
+        stride = 1
+        nvary = np.zeros(len(n), dtype=np.int64)
+        dim_of = np.full(len(n), -1, dtype=np.int64)
+        for j, dim in enumerate(order):
+            coord = (flat // stride) % max(1, degrees[dim])
+            vary = (np.maximum.reduceat(coord, starts) != np.minimum.reduceat(coord, starts)
+                    if len(flat) else np.zeros(0, dtype=bool))
+            nvary += vary
+            dim_of = np.where(vary, j, dim_of)
+            stride *= max(1, degrees[dim])
+        deg = np.array([degrees[d] for d in order], dtype=np.int64)
+        fits = (nvary == 1) & (deg[np.maximum(dim_of, 0)] == n)
+        is_pp = np.array([d == "pp" for d in order])[np.maximum(dim_of, 0)]
+        score = float(np.where(is_pp[fits] == p2p[fits], 1.0, 0.5).sum())
+        busier = 0
+        if use_calls is not None:
+            med = {}
+            for name in ("tp", "dp"):
+                sel = fits & ~p2p & (dim_of == order.index(name))
+                med[name] = float(np.median(use_calls[sel])) if sel.any() else None
+            if med["tp"] is not None and med["dp"] is not None:
+                busier = int(np.sign(med["tp"] - med["dp"]))
         if (score, busier) > best_score:
             best, best_score = order, (score, busier)
     return best

@@ -114,11 +114,13 @@ def _needs(name: str) -> set[str]:
 
 def build(meta: JobMeta, config: JobConfig, known: Known) -> dict[str, Detector]:
     """The enabled detectors of a job, by name, in registry order. The link-rate detector
-    also sees the job slow-downs the slow-down detector is still localizing."""
+    also sees the job slow-downs the slow-down detector is still localizing, and the
+    communicator kinds it learned (for a job whose meta lists none)."""
     built = {e.name: e.make(meta, config, known) for e in REGISTRY if config.enabled(e.name)}
     linkrate, slowdown = built.get("linkrate"), built.get("slowdown")
     if isinstance(linkrate, LinkRateDetector) and isinstance(slowdown, SlowdownDetector):
         linkrate.localizing = slowdown.pending_onsets
+        linkrate.samples.comms.learned = slowdown.registry
     return built
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from failslow import events
 from failslow.detectors.iterations import coll_columns, comm_codes
-from failslow.detectors.slowdown.comms import infer_comm_kind
+from failslow.detectors.slowdown.comms import CommRegistry, infer_comm_kind
 from failslow.events import NULL_TIME, JobMeta
 
 #: op classes: point-to-point, ring collectives; other ops give no link samples
@@ -52,6 +52,10 @@ class CommTable:
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._arrays_version = -1
         self._meta_kinds = {c.comm: c.kind for c in meta.comms}
+        #: the job's slow-down detector's communicator registry, when it runs beside this
+        #: one (set by the engine): the kinds it learned for the whole job are used here,
+        #: so both detectors label a group alike (None: inferred here, group by group)
+        self.learned: CommRegistry | None = None
         for c in meta.comms:
             i = self._add(c.comm, len(c.ranks))
             self.members[i][:] = c.ranks
@@ -109,7 +113,16 @@ class CommTable:
             self.version += 1
         return cidx
 
+    @property
+    def kinds_version(self) -> int:
+        """Changes whenever the learned kinds this table reads changed."""
+        return self.learned.kinds_version if self.learned is not None else 0
+
     def kind(self, i: int) -> str:
+        if self.learned is not None and self.ids[i] not in self._meta_kinds:
+            k = self.learned.kind_of(self.ids[i])
+            if k is not None:
+                return k
         k = self._kinds.get(i)
         if k is None:
             k = self._meta_kinds.get(self.ids[i])
@@ -161,6 +174,7 @@ class LinkRegistry:
         self.rows: list[tuple[int, int, int, int, int]] = []  # cidx, a, b, op, bytes
         self.cls_index: dict[tuple[str, int, int, int, int], int] = {}
         self.cls = np.zeros(0, dtype=np.int64)
+        self._kinds_version = 0  # of the communicator kinds the classes were made with
         self._rows = np.zeros((0, 5), dtype=np.int64)
         self._hash_sorted = np.zeros(0, dtype=np.int64)
         self._id_sorted = np.zeros(0, dtype=np.int64)
@@ -171,6 +185,8 @@ class LinkRegistry:
     def ids(self, keys: np.ndarray, comms: CommTable) -> np.ndarray:
         """Link id of every row of ``keys`` (columns cidx, a, b, op, bytes): one binary
         search per row on a 64-bit hash of the row; Python runs once per new link."""
+        if comms.kinds_version != self._kinds_version:
+            self._reclass(comms)
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         h = _row_hash(keys)
         out, hit = self._find(h)
@@ -181,9 +197,7 @@ class LinkRegistry:
                 if k not in self.index:
                     self.index[k] = len(self.rows)
                     self.rows.append(k)
-                    ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]),
-                          self._crosses(k[1], k[2]))
-                    fresh.append(self.cls_index.setdefault(ck, len(self.cls_index)))
+                    fresh.append(self._class(k, comms))
             if fresh:
                 self.cls = np.concatenate([self.cls, np.array(fresh, dtype=np.int64)])
             self._reindex()
@@ -192,6 +206,19 @@ class LinkRegistry:
             return np.array([self.index[(r[0], r[1], r[2], r[3], r[4])]
                              for r in keys.tolist()], dtype=np.int64)
         return out
+
+    def _class(self, k: tuple[int, int, int, int, int], comms: CommTable) -> int:
+        """The peer class of link ``k`` (class docstring)."""
+        ck = (comms.kind(k[0]), k[3], k[4], len(comms.members[k[0]]), self._crosses(k[1], k[2]))
+        return self.cls_index.setdefault(ck, len(self.cls_index))
+
+    def _reclass(self, comms: CommTable) -> None:
+        """Peer classes again after communicator kinds changed (a kind learned before the
+        job's other groups showed its rank order was corrected): classes hold no state of
+        their own, each window compares a link with its class's links in that window."""
+        self.cls_index = {}
+        self.cls = np.array([self._class(k, comms) for k in self.rows], dtype=np.int64)
+        self._kinds_version = comms.kinds_version
 
     def _crosses(self, a: int, b: int) -> int:
         """1 when both ends' nodes are known and differ."""

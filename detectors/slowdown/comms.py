@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.comms import infer_comm_kind, infer_comms
+from failslow.comms import infer_comm_kind, infer_comms, rank_order
 from failslow.detectors.slowdown.config import SEND
 from failslow.events import JobMeta
 
@@ -23,10 +23,16 @@ class CommRegistry:
         self.members: list[dict[int, int]] = []  # comm index -> {comm_rank: rank}
         self.sizes: list[int] = []
         self.p2p_only: list[bool] = []
+        #: collective rows seen per communicator while kinds are learned (rank_order's
+        #: tie-break between TP and DP groups of one size)
+        self.calls: list[float] = []
         self._index: dict[int, int] = {}
         self._sorted: np.ndarray | None = None  # ids sorted, and their indices
         self._sorted_idx = np.zeros(0, dtype=np.int64)
         self._learning = True  # some communicator's members are still being learned
+        self._order: tuple[str, ...] | None = None  # the rank order of the learned kinds
+        #: bumped whenever a learned kind is set or changed (readers re-derive theirs)
+        self.kinds_version = 0
         for c in meta.comms:
             i = self._add(c.comm, len(c.ranks))
             self.members[i] = dict(enumerate(c.ranks))
@@ -43,6 +49,7 @@ class CommRegistry:
         self.members.append({})
         self.sizes.append(size)
         self.p2p_only.append(True)
+        self.calls.append(0.0)
         self._sorted = None
         self._learning = True
         return i
@@ -84,11 +91,38 @@ class CommRegistry:
                 self.members[i][c] = r
                 if coll:
                     self.p2p_only[i] = False
-            for i in idx[learning].tolist():
-                if len(self.members[i]) >= self.sizes[i]:
-                    self.kinds[i] = infer_comm_kind(self.ranks(i), self.meta, self.p2p_only[i])
+            calls = np.bincount(rows_idx[op < SEND], minlength=len(self.ids))
+            self.calls = (np.asarray(self.calls) + calls[:len(self.ids)]).tolist()
+            done = [i for i in idx[learning].tolist() if len(self.members[i]) >= self.sizes[i]]
+            if done:
+                self._resolve_kinds()
             self._learning = True
         return rows_idx
+
+    def _resolve_kinds(self) -> None:
+        """Kinds of every learned communicator whose members are all known, under the rank
+        order that explains them best (:func:`~failslow.comms.rank_order`, as
+        :func:`~failslow.comms.infer_comms` decides it for a whole trace): a group is
+        labelled alike online and offline, and a kind learned early (before the job's
+        other groups showed its rank order) is corrected once they have."""
+        meta_ids = {c.comm for c in self.meta.comms}
+        done = [i for i in range(len(self.ids))
+                if self.ids[i] not in meta_ids and len(self.members[i]) >= self.sizes[i]]
+        order = rank_order([(self.ranks(i), self.p2p_only[i]) for i in done], self.meta,
+                           [self.calls[i] / max(self.sizes[i], 1) for i in done])
+        todo = done if order != self._order else [i for i in done if not self.kinds[i]]
+        self._order = order
+        for i in todo:
+            kind = infer_comm_kind(self.ranks(i), self.meta, self.p2p_only[i], order)
+            if kind != self.kinds[i]:
+                self.kinds[i] = kind
+                self.kinds_version += 1
+
+    def kind_of(self, comm: int) -> str | None:
+        """The kind of communicator id ``comm`` (None: not seen, or its members not all
+        known yet)."""
+        i = self._index.get(comm)
+        return self.kinds[i] or None if i is not None else None
 
     def tp_rows(self, comm: np.ndarray) -> np.ndarray:
         """Per row, whether its communicator is a known tensor-parallel one."""
@@ -110,7 +144,8 @@ class CommRegistry:
     def snapshot(self) -> dict[str, Any]:
         return {"ids": list(self.ids), "kinds": list(self.kinds),
                 "members": [[[c, r] for c, r in sorted(m.items())] for m in self.members],
-                "sizes": list(self.sizes), "p2p_only": list(self.p2p_only)}
+                "sizes": list(self.sizes), "p2p_only": list(self.p2p_only),
+                "calls": list(self.calls)}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.ids = [int(x) for x in state["ids"]]
@@ -118,6 +153,7 @@ class CommRegistry:
         self.members = [{int(c): int(r) for c, r in m} for m in state["members"]]
         self.sizes = [int(x) for x in state["sizes"]]
         self.p2p_only = [bool(x) for x in state["p2p_only"]]
+        self.calls = [float(x) for x in state.get("calls") or [0.0] * len(self.ids)]
         self._index = {c: i for i, c in enumerate(self.ids)}
         self._sorted = None
         self._learning = True

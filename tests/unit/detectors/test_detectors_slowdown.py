@@ -154,6 +154,36 @@ def test_tp_and_dp_of_one_size_are_told_apart_by_how_often_they_call(tmp_path) -
         assert kinds[(0, 1, 2, 3)] == "dp" and kinds[(0, 4, 8, 12)] == "tp"
 
 
+@pytest.mark.parametrize(("dims", "order"), [((4, 2, 4), ("dp", "tp", "pp")),
+                                             ((2, 4, 4), ("pp", "tp", "dp"))])
+def test_communicators_learned_live_get_the_kinds_of_the_whole_trace(
+        tmp_path, dims: tuple[int, int, int], order: tuple[str, ...]) -> None:
+    """A job whose meta lists no communicators, processed live: the slow-down detector's
+    registry labels each group as :func:`infer_comms` does on the whole trace (what
+    ``failslow analyze`` runs). Each group used to get the first rank order it fitted, so
+    with tp == dp and DP first every DP ring was labelled TP, and with dp == pp and the
+    pipeline first every DP ring was labelled PP (held-out seeds 11 and 29: the live
+    processor reported ``tp_collective`` where ``analyze`` said ``dp_sync``)."""
+    from failslow.bench import heldout as hg
+    from failslow.tracedir import TraceDir
+
+    tp, pp, dp = dims
+    spec = hg.Spec(tp=tp, pp=pp, dp=dp, microbatches=pp, iterations=4, order=order,
+                   gpus_per_node=8, dp_mode="allreduce", seed=11, faults=[])
+    hg.write(spec, tmp_path / "job")
+    td = TraceDir(tmp_path / "job")
+    meta, coll = td.meta(), td.read("coll")
+    assert not meta.comms
+    det = SlowdownDetector(meta)
+    for _, batch in replay({"coll": coll}, 20 * MS):
+        det.update(batch)
+    reg = det.registry
+    live = {reg.ids[i]: reg.kind(i) for i in range(len(reg.ids))}
+    whole = {c.comm: c.kind for c in infer_comms(coll, meta)}
+    assert live == whole
+    assert {"tp", "dp", "pp"} <= set(whole.values())
+
+
 def test_infer_comms_from_rows_matches_meta() -> None:
     job = generate(tp=2, pp=2, dp=2, iterations=2)
     bare = dataclasses.replace(job.meta, comms=())
