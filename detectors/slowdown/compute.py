@@ -41,6 +41,13 @@ WHOLE_GAP_ITERATIONS = 2.5
 WHOLE_GAP_SHARE = 0.5
 #: ... their median growth is left out when they are at least this many
 WHOLE_GAP_PEERS = 4
+#: a rank's pause explains this share of the time lost per iteration: the rest is compared
+PAUSE_SHARE = 0.5
+#: ... while the rest of its compute grew by less than this share of it
+PAUSE_GROWTH = 0.1
+#: ... and the rest of the time lost is at least this share of the reference iteration (the
+#: change tracker's floor of a slow-down)
+PAUSE_REST = 0.04
 
 
 def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndarray] | None:
@@ -53,7 +60,8 @@ def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndar
     data-parallel job; a pipeline stage without tensor parallelism, whose passes run
     between its sends and receives): there that bin is most of a straggler's extra
     compute in one iteration. The growth those ranks share (their median, when there are
-    :data:`WHOLE_GAP_PEERS` of them) is left out of theirs."""
+    :data:`WHOLE_GAP_PEERS` of them) is left out of theirs. The time lost that a rank's
+    pause explains is left out of the time lost (:func:`_lost_without_pause`)."""
     w = stats.comp.query(win.lo, win.hi, ("bin", "rank"))
     if len(w["rank"]) == 0:
         return None
@@ -64,21 +72,22 @@ def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndar
     rb, sb = _summed(b["rank"], b["d"])
     tb = _trimmed(b["rank"], b["d"])[1]
     whole = np.zeros(len(rw), dtype=bool)
+    # its largest bins of the reference, as many as it has iterations (one pause there
+    # fills one of them, not all)
+    k = max(int(round(win.ref_iterations)), 1)
+    top_b = _top_sums(b["rank"], b["d"], k)
     if win.iterations < WHOLE_GAP_ITERATIONS:
-        # the share of its compute in its largest bin of each reference iteration (its
-        # largest bins, as many as the reference has iterations: one pause there fills
-        # one of them, not all)
-        k = max(int(round(win.ref_iterations)), 1)
-        largest = _top_sums(b["rank"], b["d"], k) / np.maximum(sb, 1.0)
-        whole = stats.pure_dp | (_lookup(rw, rb, largest) >= WHOLE_GAP_SHARE)
+        # the share of its compute in its largest bin of each reference iteration
+        whole = stats.pure_dp | (_lookup(rw, rb, top_b / np.maximum(sb, 1.0))
+                                 >= WHOLE_GAP_SHARE)
     rate_w = np.where(whole, sw / max(win.win_ns, bin_ns),
                       tw / max(win.win_ns - bin_ns, bin_ns))
     rate_b = np.where(whole, _lookup(rw, rb, sb) / max(win.base_ns, bin_ns),
                       _lookup(rw, rb, tb) / max(win.base_ns - bin_ns, bin_ns))
     has_b = _lookup(rw, rb, np.ones(len(rb))) > 0
-    lost = max(win.iter_ns - win.ref_iter_ns, 1.0)
-    excess = np.where(has_b, (rate_w * win.iter_ns - rate_b * win.ref_iter_ns) / lost,
-                      0.0)
+    grown = np.where(has_b, rate_w * win.iter_ns - rate_b * win.ref_iter_ns, 0.0)
+    excess = grown / _lost_without_pause(
+        win, np.where(whole | ~has_b, 0.0, sw - tw - _lookup(rw, rb, top_b) / k), grown)
     common = whole & has_b
     if common.sum() >= WHOLE_GAP_PEERS:
         # a long gap that ends on either side of a window edge moves a whole gap in or
@@ -86,6 +95,29 @@ def compute_excess(stats: BinnedStats, win: Window) -> tuple[np.ndarray, np.ndar
         # (a straggler stands out of its peers)
         excess = np.where(common, excess - float(np.median(excess[common])), excess)
     return rw, excess
+
+
+def _lost_without_pause(win: Window, beyond: np.ndarray, grown: np.ndarray) -> float:
+    """The time lost per iteration (ns) that a pause does not explain. ``beyond``: per
+    rank, how far its largest time bin (which :func:`compute_excess` leaves out) exceeds
+    its largest bin of a reference iteration; ``grown``: how much its compute per
+    iteration grew without that bin. A pause (GC) stalls the rank's peers at their next
+    collective, so the job loses about the pause itself. A rank whose largest bin sticks
+    out by at least :data:`PAUSE_SHARE` of the time lost, while the rest of its compute
+    grew by under :data:`PAUSE_GROWTH` of it, paused. The time lost beside that pause is
+    what a straggler's growth is compared with, when it is a slow-down itself (at least
+    :data:`PAUSE_REST` of the reference iteration; else the pause is all there is): a
+    straggler in an iteration that also held a pause computes as much more as in the
+    others, but a far smaller share of the time lost."""
+    lost = win.iter_ns - win.ref_iter_ns
+    if lost <= 0 or not len(beyond):
+        return max(lost, 1.0)
+    paused = (beyond / win.iterations >= PAUSE_SHARE * lost) & (grown < PAUSE_GROWTH * lost)
+    if paused.any():
+        rest = lost - float(beyond[paused].max()) / win.iterations
+        if rest >= PAUSE_REST * win.ref_iter_ns:
+            return max(rest, 1.0)
+    return max(lost, 1.0)
 
 
 def compute_roots(stats: BinnedStats, config: SlowdownConfig, win: Window,
