@@ -247,12 +247,14 @@ def _aggregate(cols: dict[str, np.ndarray], by: tuple[str, ...], sums: tuple[str
     return out
 
 
-def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """values of ``table_keys`` at ``keys`` (0 where absent); keys are int64 arrays."""
+def _lookup(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray,
+            absent: float = 0.0) -> np.ndarray:
+    """values of ``table_keys`` at ``keys`` (``absent`` where absent); keys are int64
+    arrays."""
     if len(table_keys) == 0:
-        return np.zeros(len(keys))
+        return np.full(len(keys), absent)
     order = np.argsort(table_keys)
     sk = table_keys[order]
     pos = np.clip(np.searchsorted(sk, keys), 0, len(sk) - 1)
     hit = sk[pos] == keys
-    return np.where(hit, values[order][pos], 0.0)
+    return np.where(hit, values[order][pos], absent)

@@ -105,6 +105,19 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
     mine = np.zeros(len(ok), dtype=bool)
     if len(roots):
         mine = ok & (own >= c.own_link_ratio) & _member_of(stats, w["cidx"], w["group"], roots)
+        if mine.any():
+            # kept however little time they cost, so slow bin after bin (a few late
+            # transfers of a loaded host, one 25 ms recv among 0.2 ms ones, are no link),
+            # and both ways: a link slows both of its directions, while a late root's
+            # receive whose data had arrived before it was posted times its own host
+            sel = np.flatnonzero(mine)
+            g = w["group"][sel]
+            back = np.where(g >= 0, ((g & 0xFFFFFFFF) << 32) | (g >> 32), g)
+            rev = key({"cidx": w["cidx"][sel], "group": back, "cls": w["cls"][sel]})
+            typical = _typical_ratio(stats, win, np.concatenate([wk[sel], rev]), by)
+            fwd, bwd = typical[:len(sel)], typical[len(sel):]
+            mine[sel] = (fwd >= c.own_link_ratio) & (
+                (g < 0) | np.isnan(bwd) | (bwd >= c.own_link_ratio))
     ok &= matters | mine
     out = []
     for j in np.flatnonzero(ok)[np.argsort(-impact[ok])].tolist():
@@ -117,6 +130,31 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
                     "cross": float(cross[j]), "impact": float(impact[j]),
                     "own": bool(mine[j])})
     return out
+
+
+def _typical_ratio(stats: BinnedStats, win: Window, keys: np.ndarray,
+                   by: tuple[str, ...]) -> np.ndarray:
+    """Per group of ``keys`` (as in :func:`slow_groups`): the median of its per-bin mean
+    transfer times in the window over that median in the reference window (NaN where
+    either window has none)."""
+    now = _bin_medians(stats.grp.query(win.lo, win.hi, ("bin", *by)))
+    ref = _bin_medians(stats.grp.query(win.b_lo, win.b_hi, ("bin", *by)))
+    w_med, b_med = _lookup(keys, *now, np.nan), _lookup(keys, *ref, np.nan)
+    return w_med / np.maximum(b_med, 1.0)
+
+
+def _bin_medians(b: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of the per-bin rows ``b``: its key and the median of its per-bin mean
+    transfer times."""
+    k = (b["cidx"] << 40) ^ (b["group"] * 1_000_003) ^ b["cls"]
+    m = b["xfer"] / np.maximum(b["n"], 1)
+    order = np.lexsort((m, k))
+    k, m = k[order], m[order]
+    if len(k) == 0:
+        return k, m
+    starts = _group_starts(k)
+    cnt = np.diff(np.append(starts, len(k)))
+    return k[starts], 0.5 * (m[starts + (cnt - 1) // 2] + m[starts + cnt // 2])
 
 
 def _member_of(stats: BinnedStats, cidx: np.ndarray, group: np.ndarray,

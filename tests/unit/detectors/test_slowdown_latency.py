@@ -194,7 +194,7 @@ def test_a_straggler_is_named_in_slow_iterations_that_also_hold_a_pause(
 def test_iterations_that_are_a_pause_alone_name_no_straggler(tmp_path: Path) -> None:
     """The same shape with 32 replicas and pauses in half the iterations: after rank 5's
     anomaly opened, four pauses in a row formed a further slow level. Beside those pauses
-    0 to 1.6 ms were lost per iteration, and with the pause taken out in full, ranks that
+    at most 1.6 ms were lost per iteration, and with the pause taken out in full, ranks that
     grew by a fraction of a millisecond became roots; one of them (rank 29) was reported.
     What is left beside a pause counts only when it is a slow-down itself
     (``PAUSE_REST``)."""
