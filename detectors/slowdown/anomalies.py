@@ -170,7 +170,10 @@ class AnomalyLifecycle:
         if comm_ok and loc["cause"] == "compute":
             loc = self.localizer.localize(win, op, roots=roots, comm=True, force_comm=True,
                                           link_root=True, skip=skip)
-        loc["signature"] = [comm_ok, nodes, roots]
+        # the anomaly's identity is what it names: a link only when its cause names one (a
+        # group slow in some iterations alone, not in the whole window, names none)
+        names_link = comm_ok and loc["cause"] != "compute"
+        loc["signature"] = [names_link, nodes if names_link else [], roots]
         if not loc["confident"]:
             return []
         if (loc["cause"] == "compute" and self.localizer.evidence.get("compute_source") == "waits"

@@ -32,7 +32,7 @@ from failslow.simulator import PRESETS, simulate, write_sim
 from failslow.tracedir import TraceDir, write_trace
 
 REAL = SHARED / "data"
-FIXTURES = DATA / "slow_link"
+FIXTURES = (DATA / "slow_link", DATA / "straggler")
 
 Tables = dict[str, pa.Table]
 Perturb = Callable[[JobMeta, Tables, np.random.Generator], tuple[JobMeta, Tables]]
@@ -140,9 +140,9 @@ def _flight_recorder(out: Path) -> Path:
     return out
 
 
-def _fixture(name: str) -> Callable[[Path], Path]:
+def _fixture(path: Path) -> Callable[[Path], Path]:
     def make(out: Path) -> Path:
-        return FIXTURES / name
+        return path
     return make
 
 
@@ -150,7 +150,7 @@ TRACES: dict[str, Callable[[Path], Path]] = {
     **{f"preset-{p}": _simulated(p) for p in PRESETS if p != "large"},
     "real-straggler-AR": _ar,
     "real-flight-recorder": _flight_recorder,
-    **{f"fixture-{d.name}": _fixture(d.name) for d in sorted(FIXTURES.iterdir())
+    **{f"fixture-{d.name}": _fixture(d) for f in FIXTURES for d in sorted(f.iterdir())
        if d.is_dir()},
 }
 
