@@ -106,10 +106,14 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
     if len(roots):
         mine = ok & (own >= c.own_link_ratio) & _member_of(stats, w["cidx"], w["group"], roots)
         if mine.any():
-            # kept however little time they cost, so slow bin after bin (a few late
-            # transfers of a loaded host, one 25 ms recv among 0.2 ms ones, are no link),
-            # and both ways: a link slows both of its directions, while a late root's
-            # receive whose data had arrived before it was posted times its own host
+            # kept however little time they cost, so an inter-node link (CCL-D S3: the
+            # rank's own network link; transfers inside a host slow down with its CPU),
+            # slow bin after bin (a few late transfers of a loaded host, one 25 ms recv
+            # among 0.2 ms ones, are no link) and both ways: a link slows both of its
+            # directions, while a late root's receive whose data had arrived before it
+            # was posted times its own host
+            mine[mine] = _crosses_nodes(stats, w["cidx"][mine], w["group"][mine])
+        if mine.any():
             sel = np.flatnonzero(mine)
             g = w["group"][sel]
             back = np.where(g >= 0, ((g & 0xFFFFFFFF) << 32) | (g >> 32), g)
@@ -130,6 +134,15 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
                     "cross": float(cross[j]), "impact": float(impact[j]),
                     "own": bool(mine[j])})
     return out
+
+
+def _crosses_nodes(stats: BinnedStats, cidx: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per group row: does it join two nodes (a point-to-point pair on two nodes, a
+    collective whose members span more than one)?"""
+    node = stats.meta.node_of
+    return np.array([node(int(g) >> 32) != node(int(g) & 0xFFFFFFFF) if g >= 0 else
+                     len({node(int(r)) for r in stats.registry.ranks(int(ci))}) > 1
+                     for ci, g in zip(cidx.tolist(), group.tolist(), strict=True)], dtype=bool)
 
 
 def _typical_ratio(stats: BinnedStats, win: Window, keys: np.ndarray,

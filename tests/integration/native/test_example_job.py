@@ -218,15 +218,39 @@ STRAGGLER_TRACES = {
     # a few single late transfers (up to 26 ms among 0.2 ms ones) made the mean of 5 -> 7
     # 7x its reference in a few windows; its median per bin did not move
     "one_late_transfer": "",
+    # 7 -> 5 took 4-18x its reference bin after bin, 5 -> 7 2-3x and rank 5's TP
+    # all-reduce up to 2.3x: rank 5's loaded host, not a link, was slow
+    "both_ways_under_load": "",
+    # the DP all-reduce of ranks 1 and 5, timed from rank 5's late entry on its loaded
+    # host, took 4.6-18x its reference: once reported mixed with link 1-5
+    "dp_pair_under_load": "",
 }
 
 
 @pytest.mark.parametrize("name", list(STRAGGLER_TRACES))
 def test_recorded_straggler_is_compute(name: str) -> None:
-    """A compute straggler's own link is named (``mixed``) only when it is slow in bin after
-    bin and in both directions, not from late receives or a few late transfers."""
+    """A compute straggler's own link is named (``mixed``) only when it joins two nodes and
+    is slow bin after bin and in both directions: not from late receives, a few late
+    transfers, or transfers inside a loaded host (every rank of these jobs is on one)."""
     found = _analyze(ROOT / "tests" / "data" / "straggler" / name)
     top = max(found, key=lambda a: a["slowdown"] or 0)
     assert (top["cause"], top["ranks"], top["link"]) == ("compute", [5], None), top
     assert top["slowdown"] > NOISE and 19 <= top["onset_iteration"] <= 21, top
+    assert all(a["cause"] != "mixed" for a in found), found
+
+
+@pytest.mark.parametrize("name", ["late_receives_under_load", "one_late_transfer"])
+def test_recorded_straggler_on_two_nodes_is_compute(name: str, tmp_path: Path) -> None:
+    """The same traces with each pipeline stage on a node of its own (ranks 0, 1, 4, 5 and
+    2, 3, 6, 7), so that the pair 5-7 joins two nodes: late receives whose data was there
+    and a few late transfers are still no slow link."""
+    src = ROOT / "tests" / "data" / "straggler" / name
+    shutil.copytree(src, tmp_path / name)
+    meta_path = tmp_path / name / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["nodes"] = json.dumps({str(r): f"node{(r // 2) % 2}" for r in range(8)})
+    meta_path.write_text(json.dumps(meta))
+    found = _analyze(tmp_path / name)
+    top = max(found, key=lambda a: a["slowdown"] or 0)
+    assert (top["cause"], top["ranks"], top["link"]) == ("compute", [5], None), top
     assert all(a["cause"] != "mixed" for a in found), found
