@@ -64,8 +64,7 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
     base = stats.grp.query(win.b_lo, win.b_hi, by)
     if len(w["cidx"]) == 0:
         return []
-    key = lambda d: (d["cidx"] << 40) ^ (d["group"] * 1_000_003) ^ d["cls"]  # noqa: E731
-    wk, bk = key(w), key(base)
+    wk, bk = _group_key(w), _group_key(base)
     w_mean = w["xfer"] / np.maximum(w["n"], 1)
     b_n = _lookup(wk, bk, base["n"])
     b_mean = _lookup(wk, bk, base["xfer"]) / np.maximum(b_n, 1)
@@ -117,7 +116,7 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
             sel = np.flatnonzero(mine)
             g = w["group"][sel]
             back = np.where(g >= 0, ((g & 0xFFFFFFFF) << 32) | (g >> 32), g)
-            rev = key({"cidx": w["cidx"][sel], "group": back, "cls": w["cls"][sel]})
+            rev = _group_key({"cidx": w["cidx"][sel], "group": back, "cls": w["cls"][sel]})
             typical = _typical_ratio(stats, win, np.concatenate([wk[sel], rev]), by)
             fwd, bwd = typical[:len(sel)], typical[len(sel):]
             mine[sel] = (fwd >= c.own_link_ratio) & (
@@ -134,6 +133,11 @@ def slow_groups(stats: BinnedStats, config: SlowdownConfig, win: Window,
                     "cross": float(cross[j]), "impact": float(impact[j]),
                     "own": bool(mine[j])})
     return out
+
+
+def _group_key(d: dict[str, np.ndarray]) -> np.ndarray:
+    """The key of each group row of ``d``: communicator, point-to-point pair, size class."""
+    return (d["cidx"] << 40) ^ (d["group"] * 1_000_003) ^ d["cls"]
 
 
 def _crosses_nodes(stats: BinnedStats, cidx: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -159,7 +163,7 @@ def _typical_ratio(stats: BinnedStats, win: Window, keys: np.ndarray,
 def _bin_medians(b: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per group of the per-bin rows ``b``: its key and the median of its per-bin mean
     transfer times."""
-    k = (b["cidx"] << 40) ^ (b["group"] * 1_000_003) ^ b["cls"]
+    k = _group_key(b)
     m = b["xfer"] / np.maximum(b["n"], 1)
     order = np.lexsort((m, k))
     k, m = k[order], m[order]
@@ -189,7 +193,7 @@ def group_noise(b: dict[str, np.ndarray], kinds_of: Callable[[np.ndarray], np.nd
     per-bin mean transfer times (0 with fewer than 3 bins; at least the spread of the
     relative deviations pooled over its comparable cluster, with 6 bins or more) and
     its rounds per bin."""
-    k = (b["cidx"] << 40) ^ (b["group"] * 1_000_003) ^ b["cls"]
+    k = _group_key(b)
     m = b["xfer"] / np.maximum(b["n"], 1)
     order = np.lexsort((m, k))
     k, m, nb = k[order], m[order], b["n"][order]
