@@ -208,26 +208,27 @@ def test_recorded_slow_link_named(name: str) -> None:
     assert not others, others
 
 
-#: Example jobs with ``--straggler 5:80:20`` recorded under two busy loops of outside load
-#: (CI's conditions); each was once reported ``mixed`` with link 5-7, which no fault slowed.
-STRAGGLER_TRACES = {
+#: Example jobs with ``--straggler 5:80:20`` recorded beside two busy loops of outside load
+#: (CI's conditions); each was once reported ``mixed`` with a link no fault slowed (5-7, the
+#: last one 1-5).
+STRAGGLER_TRACES = (
     # rank 5's receives of rank 7's gradients found their data already there (gloo sent it
     # eagerly while 5 slept): 7 -> 5 took 2.4-3.4x its reference bin after bin, the time of a
     # loaded host, while 5 -> 7 stayed as it was
-    "late_receives_under_load": "",
+    "late_receives_under_load",
     # a few single late transfers (up to 26 ms among 0.2 ms ones) made the mean of 5 -> 7
     # 7x its reference in a few windows; its median per bin did not move
-    "one_late_transfer": "",
+    "one_late_transfer",
     # 7 -> 5 took 4-18x its reference bin after bin, 5 -> 7 2-3x and rank 5's TP
     # all-reduce up to 2.3x: rank 5's loaded host, not a link, was slow
-    "both_ways_under_load": "",
+    "both_ways_under_load",
     # the DP all-reduce of ranks 1 and 5, timed from rank 5's late entry on its loaded
     # host, took 4.6-18x its reference: once reported mixed with link 1-5
-    "dp_pair_under_load": "",
-}
+    "dp_pair_under_load",
+)
 
 
-@pytest.mark.parametrize("name", list(STRAGGLER_TRACES))
+@pytest.mark.parametrize("name", STRAGGLER_TRACES)
 def test_recorded_straggler_is_compute(name: str) -> None:
     """A compute straggler's own link is named (``mixed``) only when it joins two nodes and
     is slow bin after bin and in both directions: not from late receives, a few late
