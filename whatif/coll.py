@@ -46,14 +46,33 @@ _INSIDE = (_K["tp"], _K["cp"], _K["ep"])
 _WEIGHT = {"forward-compute": 1.0, "backward-compute": 2.0, "optimizer": 0.5}
 
 
+def _peer_ranks(ops: CollOps) -> np.ndarray:
+    """Global rank of each operation's ``peer`` (a communicator rank), -1 when unknown."""
+    sizes = np.array([len(m) for m in ops.comm_ranks], dtype=np.int64)
+    if not sizes.size or not sizes.sum():
+        return np.full(len(ops), -1, dtype=np.int64)
+    flat = np.concatenate([np.asarray(m, dtype=np.int64) for m in ops.comm_ranks])
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    ok = (ops.comm_index >= 0) & (ops.peer >= 0)
+    ci = np.where(ok, ops.comm_index, 0)
+    ok &= ops.peer < sizes[ci]
+    return np.where(ok, flat[np.where(ok, first[ci] + ops.peer, 0)], -1)
+
+
 def _names(ops: CollOps, stage_of: np.ndarray) -> np.ndarray:
     """Operation name per coll operation ("" for TP-like ones and unknown kinds)."""
     n = len(ops)
     out = np.full(n, "", dtype=object)
     send, recv = ops.op == events.OP["send"], ops.op == events.OP["recv"]
     pp = ops.kind == _K["pp"]
-    up = ops.peer == ops.comm_rank + 1
-    down = ops.peer == ops.comm_rank - 1
+    # the direction from the peer's pipeline stage: a communicator of two stages (one per
+    # pair) need not list its members in stage order
+    peer = _peer_ranks(ops)
+    known = peer >= 0
+    mine = stage_of[ops.rank]
+    theirs = stage_of[np.where(known, peer, ops.rank)]
+    up = np.where(known, theirs == mine + 1, ops.peer == ops.comm_rank + 1)
+    down = np.where(known, theirs == mine - 1, ops.peer == ops.comm_rank - 1)
     out[pp & send & up] = "forward-send"
     out[pp & send & down] = "backward-send"
     out[pp & recv & down] = "forward-recv"
@@ -94,7 +113,14 @@ def _steps(ops: CollOps, names: np.ndarray, main: np.ndarray, stage_of: np.ndarr
             raise WhatIfInputError("coll-only derivation needs the DP params-sync (all-gather) "
                                    "or the pipeline operations and micro-batches that make "
                                    "up each step; none found")
-        per_op = p2p_per_step[stage_of[ops.rank[pp]]]
+        # a rank's pipeline operations per step on each of its communicators (``seq`` counts
+        # per communicator): all of them on a pipeline communicator, their share on each
+        # of the two a middle stage has with per-pair communicators
+        rank, comm = ops.rank[pp].astype(np.int64), ops.comm_index[pp].astype(np.int64)
+        _, inv, count = np.unique(rank * (int(comm.max()) + 1) + comm, return_inverse=True,
+                                  return_counts=True)
+        share = count[inv.reshape(-1)] / np.bincount(rank)[rank]
+        per_op = np.rint(p2p_per_step[stage_of[rank]] * share).astype(np.int64)
         seq = ops.seq[pp].astype(np.int64)
         first = seq % np.maximum(per_op, 1) == 0
         marks, step_of = pp[first], (seq // np.maximum(per_op, 1))[first]

@@ -117,6 +117,34 @@ class OpTrace:
 # coordinates
 
 
+def _stage_chains(meta: JobMeta, pp_of: np.ndarray) -> np.ndarray:
+    """Pipeline stages from per-pair ``pp`` communicators (one per pair of adjacent stages):
+    each chain of pairs is one pipeline, ordered by rank (in any rank order a rank grows
+    with its pipeline coordinate when the others are fixed). ``pp_of`` unchanged unless
+    every rank lies on a chain of exactly ``pp`` ranks."""
+    W = meta.world_size
+    pairs = np.array([c.ranks for c in meta.comms if c.kind == "pp" and len(c.ranks) == 2
+                      and max(c.ranks) < W], dtype=np.int64).reshape(-1, 2)
+    if not len(pairs):
+        return pp_of
+    label = np.arange(W)
+    for _ in range(meta.pp):  # a chain of pp ranks links up in pp - 1 rounds
+        low = np.minimum(label[pairs[:, 0]], label[pairs[:, 1]])
+        before = label.copy()
+        np.minimum.at(label, pairs[:, 0], low)
+        np.minimum.at(label, pairs[:, 1], low)
+        if (label == before).all():
+            break
+    sizes = np.bincount(label, minlength=W)
+    if not (sizes[label] == meta.pp).all():
+        return pp_of
+    order = np.lexsort((np.arange(W), label))
+    first = np.searchsorted(label[order], label[order])
+    out = np.empty(W, dtype=np.int64)
+    out[order] = np.arange(W) - first
+    return out
+
+
 def worker_coords(meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stage, dp rank, member index) of every global rank; member 0 represents the worker.
 
@@ -138,6 +166,8 @@ def worker_coords(meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             pp_of[idx] = np.arange(idx.size)
         elif c.kind == "dp" and len(c.ranks) == meta.dp:
             dp_of[idx] = np.arange(idx.size)
+    if meta.pp > 1 and not (pp_of >= 0).all():
+        pp_of = _stage_chains(meta, pp_of)
     if meta.pp > 1 and meta.dp > 1 and (pp_of >= 0).all() and (dp_of >= 0).all():
         key = pp_of * meta.dp + dp_of
         order = np.lexsort((r, key))

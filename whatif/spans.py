@@ -128,7 +128,8 @@ def from_spans(span: pa.Table, meta: JobMeta, coll: pa.Table | None = None,
     programs = _programs(start, end, kinds, meta)
     complete = _complete_steps(start, programs, meta)
     if not complete.any():
-        raise WhatIfInputError("no step in which every worker ran the whole program")
+        raise WhatIfInputError("no step in which every worker ran the whole program ("
+                               + _first_gap(start, programs, steps) + ")")
     if not complete.all():
         log.info("what-if: %d of %d steps dropped (some worker misses an operation)",
                  int((~complete).sum()), S)
@@ -275,6 +276,31 @@ def _complete_steps(start: dict[str, np.ndarray],
             for n, i in ops:
                 ok &= ~np.isnan(start[n][:, i, p, :]).any(axis=1)
     return ok
+
+
+def _first_gap(start: dict[str, np.ndarray],
+               programs: list[list[tuple[tuple[str, int], ...]]], steps: np.ndarray) -> str:
+    """Where the most complete step falls short: how many of its operations no worker's
+    span covers, and the first of them (stage, DP replica, operation and its index)."""
+    S = next(iter(start.values())).shape[0]
+    missing = np.zeros(S, dtype=np.int64)
+    first: list[tuple[int, int, str, int] | None] = [None] * S
+    for p, prog in enumerate(programs):
+        for ops in prog:
+            for n, i in ops:
+                gap = np.isnan(start[n][:, i, p, :])
+                missing += gap.sum(axis=1)
+                for s_ in np.flatnonzero(gap.any(axis=1)).tolist():
+                    if first[s_] is None:
+                        first[s_] = (p, int(np.flatnonzero(gap[s_])[0]), n, i)
+    best = int(np.argmin(missing))
+    where = first[best]
+    if where is None:
+        return "no operations"
+    p, d, n, i = where
+    return (f"step {int(steps[best])}, the most complete, lacks {int(missing[best])} "
+            f"operation(s) of the workers' programs, first {n} #{i} of stage {p}, "
+            f"DP replica {d}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""The what-if analysis of a pipeline whose stages talk over one communicator per pair of
+adjacent stages (``pp_comm="pair"``) instead of one per pipeline: the same job gives the same
+steps and the same S either way, in Megatron's rank order and in another one (stages then
+come from the chains of pairs, not from Megatron's formula)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from failslow.bench import heldout as hg
+from failslow.engine.offline import analyze
+
+
+@pytest.mark.parametrize("order", [("tp", "dp", "pp"), ("pp", "tp", "dp")])
+def test_per_pair_pipeline_communicators_give_the_pipeline_s(tmp_path: Path,
+                                                             order: tuple[str, ...]) -> None:
+    whatif = {}
+    for comm in ("pipeline", "pair"):
+        spec = hg.Spec(tp=2, pp=4, dp=2, microbatches=8, iterations=14, seed=5,
+                       gpus_per_node=8, order=order, pp_comm=comm)
+        hg.write(spec, tmp_path / comm)
+        diag = analyze(tmp_path / comm).to_dict()
+        assert diag["whatif"] is not None, diag.get("incomplete")
+        whatif[comm] = diag["whatif"]
+    assert whatif["pair"]["steps"] == whatif["pipeline"]["steps"]
+    assert len(whatif["pair"]["steps"]) >= 10
+    assert whatif["pair"]["slowdown"] == pytest.approx(whatif["pipeline"]["slowdown"], rel=1e-3)
+
+
+def test_no_complete_step_says_where_the_most_complete_one_falls_short() -> None:
+    import numpy as np
+
+    from failslow.whatif.spans import _first_gap
+    # 3 steps, 2 micro-batches, 2 stages, 2 DP replicas; stage 1 of replica 0 never ran its
+    # second forward, and step 5 also lacks stage 0's first one
+    start = {"forward-compute": np.zeros((3, 2, 2, 2))}
+    start["forward-compute"][:, 1, 1, 0] = np.nan
+    start["forward-compute"][2, 0, 0, 1] = np.nan
+    programs = [[(("forward-compute", 0),), (("forward-compute", 1),)]] * 2
+    text = _first_gap(start, programs, np.array([3, 4, 5]))
+    assert text == ("step 3, the most complete, lacks 1 operation(s) of the workers' "
+                    "programs, first forward-compute #1 of stage 1, DP replica 0")
