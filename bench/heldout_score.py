@@ -5,11 +5,12 @@ diagnosis against the generator's truth (:func:`score_job`), the suite's figures
 * per fault: found when a diagnosed anomaly of the same kind (slow / hang) overlaps its time
   (one to one; among candidates the same cause and shared ranks first). A second anomaly of
   the same fault (overlapping it, naming only its ranks or link) is a split report: not a
-  false positive, its ranks join the found set. Two simultaneous stragglers are one fault
-  naming both ranks (the simulator's convention); a mixed fault is one fault, cause
-  ``mixed``, ranks the slow rank, link the slow link. Compute faults that cost the job under
-  :data:`~failslow.bench.heldout_suite.MARGINAL` are neither misses nor false positives;
-  link faults always count (one costing under 1% is found only if reported);
+  false positive, its ranks join the found set. A report another one took over
+  (``superseded_by``) is scored as that one (:func:`without_superseded`). Two simultaneous
+  stragglers are one fault naming both ranks (the simulator's convention); a mixed fault is
+  one fault, cause ``mixed``, ranks the slow rank, link the slow link. Compute faults that
+  cost the job under :data:`~failslow.bench.heldout_suite.MARGINAL` are neither misses nor
+  false positives; link faults always count (one costing under 1% is found only if reported);
 * slow: precision over every reported slow anomaly (clean runs and hang jobs included),
   recall, F1; on found faults: cause, exact rank set, link (faults with a link), stage
   (``forward``/``backward``/null for compute, the link's ``pp_p2p``/``dp_sync``), latency
@@ -64,6 +65,7 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
               ) -> dict[str, Any]:
     """Match one job's diagnosed anomalies to its true faults (module docstring). Returns
     per-fault rows and the anomalies left over (false positives)."""
+    anomalies = without_superseded(anomalies)
     live = [u for u in units if u["kind"] == "slow" or u["triggered"]]
     cands: list[tuple[tuple[Any, ...], int, int]] = []
     for i, t in enumerate(live):
@@ -138,6 +140,15 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
     false = [{k: a.get(k) for k in ("kind", "cause", "ranks", "link", "stage", "start_ns")}
              for j, a in enumerate(anomalies) if j not in used_a]
     return {"faults": rows, "false_positives": false, "anomalies": len(anomalies)}
+
+
+def without_superseded(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reports without those another report took over (``superseded_by`` names it: a
+    degraded link reported while the job absorbed it, then named by the slow-down
+    detector once it cost time). They are one report of one fault, scored as the successor
+    (its detection time, cause and names), never a false positive of their own."""
+    ids = {a["id"] for a in anomalies if a.get("id")}
+    return [a for a in anomalies if a.get("superseded_by") not in ids]
 
 
 def elapsed_iterations(detected_ns: int, t: dict[str, Any]) -> float:

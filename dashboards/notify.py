@@ -13,7 +13,11 @@ and the jobs' ``meta`` messages (for the number of ranks), and sends webhooks:
   sent again (escalation), to the routes of the new severity;
 * **de-duplication** by ``job/anomaly id``: the processor reports an anomaly when it opens and
   again when it ends (same id); repeats of the same state send nothing, the end sends one
-  *resolve* to the receivers that got the trigger;
+  *resolve* to the receivers that got the trigger. A report that ends because another one
+  took it over (``superseded_by``: a degraded link, reported while the job absorbed it, that
+  now slows the job and has the slow-down detector's report) closes with a resolve that
+  says so: "superseded by slow-1 (not recovered, ...)", ``superseded_by`` in the generic
+  JSON and the Alertmanager annotations, the severity's colour in Slack;
 * **mitigation advice** (Greyhound §5.1: the processor's ski-rental planner, topic
   ``failslow.advice``): every payload carries the anomaly's current advice (generic JSON
   ``advice``, a Slack line and field, PagerDuty ``custom_details.advice``, an Alertmanager

@@ -250,10 +250,16 @@ def build_page(title: str, event: str, job: str, a: Anomaly, cost_gpu_h: float,
     if a.detected_ns is not None:
         since += f"; detected {when(a.detected_ns, tz)}"
     resolved = ""
+    by = a.extra.get("superseded_by") if event == "resolve" else None
     if event == "resolve" and a.end_ns is not None:
         lasted = "" if a.start_ns is None else f" after {duration((a.end_ns - a.start_ns) / 1e9)}"
         resolved = f"ended {when(a.end_ns, tz)}{lasted}"
-    if event == "resolve":
+        if by:
+            resolved = (f"not recovered: it now slows the job and {by} reports it; this "
+                        f"report closed {when(a.end_ns, tz)}{lasted}")
+    if by:
+        why_none = f"follow {by}"
+    elif event == "resolve":
         why_none = "none needed any more"
     elif a.kind == "hang":
         bad = sorted({hosts[str(r)] for r in culprits(a) if str(r) in hosts})

@@ -290,12 +290,19 @@ def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
             f"<td>{_e(link)}</td><td>{_e(a.comm_kind)}</td><td>{_e(a.stage)}</td>"
             f'<td class="num">{_sec(a.start_ns, t0)}</td>'
             f'<td class="num">{_sec(a.detected_ns, t0)}</td>'
-            f'<td class="num">{_sec(a.end_ns, t0)}</td>'
+            f'<td class="num">{_sec(a.end_ns, t0)}{_superseded(a)}</td>'
             f'<td class="num">{_num(a.slowdown)}</td><td class="num">{_num(a.R)}</td>'
             f'<td class="num">{_num(a.P)}</td></tr>')
     if not rows:
         rows.append('<tr><td colspan="13" class="muted">no anomalies</td></tr>')
     return f'<table id="anomalies">{head}{"".join(rows)}</table>'
+
+
+def _superseded(a: Anomaly) -> str:
+    """The end of a report another one took over (an absorbed link that now slows the job)
+    is no recovery: it names its successor."""
+    by = a.extra.get("superseded_by")
+    return f' <span class="muted">(superseded by {_e(str(by))})</span>' if by else ""
 
 
 def truth_rows(matches: Sequence[Match], extra: Sequence[Anomaly], t0: int) -> str:

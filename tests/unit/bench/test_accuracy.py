@@ -40,6 +40,11 @@ def test_matching_by_time_overlap() -> None:
     assert [(m["truth"], m["found"], m["ranks"]) for m in matches] == [("t0", "f0", True)]
     assert fp == 1 and miss == 1  # f1 overlaps nothing; t1 was missed; t2 is marginal
     assert matches[0]["latency"] == (155 - 100) / 10
+    # a report that another one took over (superseded_by) is that one, not a false alarm
+    early = a("f3", 120, 160, [3, 7])
+    early.extra["superseded_by"] = "f0"
+    matches, fp, miss = accuracy.match(truth, [early, *found], horizon=1000)
+    assert [(m["truth"], m["found"]) for m in matches] == [("t0", "f0")] and fp == 1
 
 
 def test_accuracy_bench_small_scale() -> None:

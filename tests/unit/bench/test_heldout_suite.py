@@ -151,6 +151,28 @@ def test_split_report_of_two_stragglers_is_one_find(generated: dict[str, Any]) -
     assert fig["slow_false_positives"] == 0 and fig["exact_rank_accuracy"] == 1.0
 
 
+def test_a_superseded_report_is_scored_as_the_one_that_took_it_over(
+        generated: dict[str, Any]) -> None:
+    """The link-rate detector reported the degraded link's ring while the job absorbed it;
+    the slow-down detector named it later and the first report ended ``superseded_by`` the
+    second: one report of one fault. Without that mark the wider report is a false alarm."""
+    job, truth = generated["compute-then-link"]
+    diag = _perfect(job, truth)
+    link = next(a for a in diag["anomalies"] if a["link"])
+    link["id"] = "slow-1"
+    early = copy.deepcopy(link)
+    early.update(id="linkrate-0", link=None, superseded_by="slow-1",
+                 ranks=sorted(set(link["ranks"]) | {max(link["ranks"]) + 1000}),
+                 detected_ns=link["detected_ns"] - 10**6)
+    diag["anomalies"].append(early)
+    fig = _summary(generated, {"compute-then-link": diag})["figures"]
+    assert fig["slow_false_positives"] == 0 and fig["exact_rank_accuracy"] == 1.0
+    assert fig["link_accuracy"] == 1.0
+    del early["superseded_by"]
+    fig = _summary(generated, {"compute-then-link": diag})["figures"]
+    assert fig["slow_false_positives"] == 1
+
+
 def test_clean_run_anomaly_is_a_false_positive(generated: dict[str, Any]) -> None:
     job, truth = generated["compute-then-link"]
     fake = copy.deepcopy(_perfect(job, truth)["anomalies"][0])

@@ -234,6 +234,42 @@ def test_trigger_and_resolve_in_every_shape(tmp_path: Path, receiver: Receiver) 
     assert t.committed(ANOMALIES_TOPIC) == 3
 
 
+def test_a_superseded_report_closes_without_saying_resolved(tmp_path: Path,
+                                                           receiver: Receiver) -> None:
+    """The link-rate detector's report of an absorbed link ends when the slow-down detector
+    names the link (``superseded_by``): its receivers learn that it got worse, not better."""
+    t = _transport()
+    _meta(t, "job-a", 64)
+    link = Anomaly(id="linkrate-0", kind="slow", cause="communication", ranks=[13, 15],
+                   link=[13, 15], comm=7, comm_kind="dp", stage="dp_sync", start_ns=T0,
+                   detected_ns=T0 + 2 * 10**9, slowdown=1.004)
+    _publish(t, "job-a", link, 1)
+    _publish(t, "job-a", _slow("slow-1", slowdown=1.3), 2)
+    ended = Anomaly.from_dict({**link.to_dict(), "end_ns": T0 + 9 * 10**9,
+                               "superseded_by": "slow-1"})
+    _publish(t, "job-a", ended, 3)
+    n = Notifier(_config(tmp_path, receiver), env=_env(receiver))
+    notify.run(n, t, until_idle=True)
+    hook = [r.json for r in receiver.at("/hook")]
+    assert [(b["event"], b["dedup_key"]) for b in hook] == [
+        ("trigger", "job-a/linkrate-0"), ("trigger", "job-a/slow-1"),
+        ("resolve", "job-a/linkrate-0")]
+    closed = hook[2]
+    assert closed["superseded_by"] == "slow-1" and hook[0]["superseded_by"] is None
+    assert closed["summary"].startswith("superseded by slow-1 (not recovered")
+    assert closed["page"]["resolved"].startswith("not recovered: it now slows the job and "
+                                                 "slow-1 reports it")
+    assert closed["page"]["what_to_do"] == "follow slow-1"
+    slack = [r.json for r in receiver.at("/slack")]
+    assert slack[2]["text"].startswith("superseded by slow-1")
+    assert slack[2]["attachments"][0]["color"] != "#2EB67D"  # not the colour of good news
+    am = [r.json for r in receiver.at("/am")]
+    assert am[2]["status"] == "resolved"
+    assert am[2]["alerts"][0]["annotations"]["superseded_by"] == "slow-1"
+    # an ordinary end still reads "resolved"
+    assert "superseded_by" not in am[0]["alerts"][0]["annotations"]
+
+
 def test_pagerduty_events_v2_and_hangs_are_critical(tmp_path: Path, receiver: Receiver) -> None:
     t = _transport()
     _publish(t, "prod-7", _hang(), 1)

@@ -98,3 +98,12 @@ def test_wall_clock() -> None:
     assert rs.wall(T0 + 123_456_789) == "15:06:40.123"
     assert rs.wall(T0, date=True) == "2025-06-15 15:06:40.000 UTC"
     assert rs.wall(None) == ""
+
+
+def test_anomaly_table_names_the_report_that_took_one_over() -> None:
+    from failslow.dashboards.report import anomaly_rows
+    link = Anomaly(id="linkrate-0", kind="slow", cause="communication", ranks=[1, 5],
+                   link=[1, 5], start_ns=T0, end_ns=T0 + 3 * S, slowdown=1.0,
+                   extra={"superseded_by": "slow-1"})
+    html = anomaly_rows([link, _slow("slow-1", 5, 2, 9, 1.4)], T0)
+    assert html.count("superseded by slow-1") == 1
