@@ -375,7 +375,7 @@ STATE_VERSION = 1
 SPAN_COLUMNS = ("rank", "step", "microbatch", "chunk", "op", "t_start", "t_end",
                 "optype")
 COLL_COLUMNS = ("rank", "comm", "comm_rank", "comm_size", "seq", "op", "peer", "phase",
-                "t", "t_start")
+                "t", "t_start", "bytes")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,22 @@ def _peer_ranks(ops: CollOps) -> np.ndarray:
     return np.where(ok, flat[np.where(ok, first[ci] + ops.peer, 0)], -1)
 
 
+#: a DP collective this many times smaller than its communicator's largest is no gradient sync
+SMALL_SYNC = 64
+
+
+def _small(ops: CollOps) -> np.ndarray:
+    """Operations of at most 1/:data:`SMALL_SYNC` of the bytes of the largest operation on
+    their communicator (False when the sizes are unknown)."""
+    if ops.nbytes is None or not len(ops):
+        return np.zeros(len(ops), dtype=bool)
+    _, inv = np.unique(ops.comm_index, return_inverse=True)
+    inv = inv.reshape(-1)
+    top = np.zeros(int(inv.max()) + 1, dtype=np.int64)
+    np.maximum.at(top, inv, ops.nbytes)
+    return (top[inv] > 0) & (ops.nbytes * SMALL_SYNC <= top[inv])
+
+
 def _names(ops: CollOps, stage_of: np.ndarray) -> np.ndarray:
     """Operation name per coll operation ("" for TP-like ones and unknown kinds)."""
     n = len(ops)
@@ -80,6 +96,9 @@ def _names(ops: CollOps, stage_of: np.ndarray) -> np.ndarray:
     dp = ops.kind == _K["dp"]
     out[dp & (ops.op == events.OP["allgather"])] = "params-sync"
     out[dp & (ops.op != events.OP["allgather"])] = "grads-sync"
+    # a DP collective of a few bytes beside the gradient sync (a loss or grad-norm
+    # all-reduce) is no gradient sync: like a TP collective, it runs inside a compute gap
+    out[dp & _small(ops)] = ""
     other = (ops.kind >= 0) & ~pp & ~dp & ~np.isin(ops.kind, _INSIDE)
     for i in np.flatnonzero(other).tolist():
         out[i] = f"{events.COMM_KINDS[int(ops.kind[i])]}-{events.COLL_OPS[int(ops.op[i])]}"

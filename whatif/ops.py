@@ -211,6 +211,7 @@ class CollOps:
     kind: np.ndarray          # communicator kind code (index in events.COMM_KINDS, -1 unknown)
     comm_index: np.ndarray    # index into ``comm_ranks``
     comm_ranks: list[tuple[int, ...]]
+    nbytes: np.ndarray | None = None  # bytes per operation (0 when unknown)
 
     def __len__(self) -> int:
         return int(self.rank.size)
@@ -233,6 +234,8 @@ def coll_ops(coll: pa.Table, meta: JobMeta) -> CollOps:
                     dtype=np.int64)
     peer = np.asarray(coll.column("peer").to_numpy(), dtype=np.int64)
     crank = np.asarray(coll.column("comm_rank").to_numpy(), dtype=np.int64)
+    nbytes = (np.asarray(pc.fill_null(coll.column("bytes"), 0).to_numpy(), dtype=np.int64)
+              if "bytes" in coll.column_names else np.zeros(n, dtype=np.int64))
     # one int64 key per (comm, rank, seq, phase): sort once, enter/end rows become adjacent
     _, cinv = np.unique(comm, return_inverse=True)
     width = int(seq.max()) + 1 if n else 1
@@ -255,7 +258,7 @@ def coll_ops(coll: pa.Table, meta: JobMeta) -> CollOps:
     kcode = np.array([events.COMM_KINDS.index(c.kind) for c in comms] + [-1], dtype=np.int64)
     return CollOps(rank=rank[a], comm=comm[a], comm_rank=crank[a], seq=seq[a], op=op[a],
                    peer=peer[a], enter=t[a], end=t[b], t_start=ts[b], kind=kcode[cidx],
-                   comm_index=cidx, comm_ranks=[c.ranks for c in comms])
+                   comm_index=cidx, comm_ranks=[c.ranks for c in comms], nbytes=nbytes[a])
 
 
 def late_share(ops: CollOps, world: int) -> np.ndarray | None:

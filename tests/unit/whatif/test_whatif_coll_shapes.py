@@ -1,7 +1,13 @@
-"""The what-if analysis of a pipeline whose stages talk over one communicator per pair of
-adjacent stages (``pp_comm="pair"``) instead of one per pipeline: the same job gives the same
-steps and the same S either way, in Megatron's rank order and in another one (stages then
-come from the chains of pairs, not from Megatron's formula)."""
+"""The what-if analysis from ``coll`` rows alone on jobs of other shapes than the simulator's:
+
+* a pipeline whose stages talk over one communicator per pair of adjacent stages
+  (``pp_comm="pair"``) instead of one per pipeline gives the same steps and the same S
+  either way, in Megatron's rank order and in another one (stages then come from the
+  chains of pairs, not from Megatron's formula);
+* a few-byte DP all-reduce beside the gradient sync (a loss or grad-norm all-reduce) is not
+  taken for the gradient sync: with or without it, the same job gives the same S, with the
+  distributed optimizer (reduce-scatter, all-gather) and without, with and without a
+  pipeline."""
 
 from __future__ import annotations
 
@@ -42,3 +48,20 @@ def test_no_complete_step_says_where_the_most_complete_one_falls_short() -> None
     text = _first_gap(start, programs, np.array([3, 4, 5]))
     assert text == ("step 3, the most complete, lacks 1 operation(s) of the workers' "
                     "programs, first forward-compute #1 of stage 1, DP replica 0")
+
+
+@pytest.mark.parametrize(("pp", "dp_mode"), [(4, "rs_ag"), (4, "allreduce"), (1, "rs_ag"),
+                                             (1, "allreduce")])
+def test_a_small_dp_allreduce_is_no_gradient_sync(tmp_path: Path, pp: int,
+                                                  dp_mode: str) -> None:
+    whatif = {}
+    for small in (False, True):
+        spec = hg.Spec(tp=1, pp=pp, dp=4, microbatches=8 if pp > 1 else 2, iterations=14,
+                       seed=5, gpus_per_node=8, dp_mode=dp_mode, small_allreduce=small)
+        hg.write(spec, tmp_path / str(small))
+        diag = analyze(tmp_path / str(small)).to_dict()
+        assert diag["whatif"] is not None, diag.get("incomplete")
+        whatif[small] = diag["whatif"]
+    assert whatif[True]["steps"] == whatif[False]["steps"]
+    assert whatif[True]["discrepancy"] < 0.02
+    assert whatif[True]["slowdown"] == pytest.approx(whatif[False]["slowdown"], rel=0.005)
