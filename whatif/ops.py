@@ -148,7 +148,8 @@ def _stage_chains(meta: JobMeta, pp_of: np.ndarray) -> np.ndarray:
 def worker_coords(meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stage, dp rank, member index) of every global rank; member 0 represents the worker.
 
-    From ``meta.comms`` (the rank's index in its ``pp`` and ``dp`` communicators) when they
+    From ``meta.comms`` (the rank's index in its ``pp`` and ``dp`` communicators, the
+    chains of per-pair ``pp`` communicators, a single stage without a pipeline) when they
     cover every rank, else Megatron's order ``rank = tp + TP*(cp + CP*(dp + DP*pp))``."""
     W = meta.world_size
     group = meta.tp * meta.cp
@@ -168,7 +169,9 @@ def worker_coords(meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             dp_of[idx] = np.arange(idx.size)
     if meta.pp > 1 and not (pp_of >= 0).all():
         pp_of = _stage_chains(meta, pp_of)
-    if meta.pp > 1 and meta.dp > 1 and (pp_of >= 0).all() and (dp_of >= 0).all():
+    if meta.pp == 1:
+        pp_of[:] = 0  # one stage: the DP communicators alone place the ranks
+    if meta.dp > 1 and (pp_of >= 0).all() and (dp_of >= 0).all():
         key = pp_of * meta.dp + dp_of
         order = np.lexsort((r, key))
         first = np.ones(W, dtype=bool)

@@ -65,3 +65,15 @@ def test_a_small_dp_allreduce_is_no_gradient_sync(tmp_path: Path, pp: int,
     assert whatif[True]["steps"] == whatif[False]["steps"]
     assert whatif[True]["discrepancy"] < 0.02
     assert whatif[True]["slowdown"] == pytest.approx(whatif[False]["slowdown"], rel=0.005)
+
+
+def test_without_a_pipeline_the_dp_communicators_place_the_ranks(tmp_path: Path) -> None:
+    """Tensor parallelism and data parallelism only, data-parallel ranks adjacent (order dp,
+    tp): Megatron's formula would put the wrong ranks in each worker."""
+    spec = hg.Spec(tp=4, pp=1, dp=8, microbatches=4, iterations=14, seed=5, gpus_per_node=8,
+                   order=("dp", "tp", "pp"))
+    hg.write(spec, tmp_path / "j")
+    diag = analyze(tmp_path / "j").to_dict()
+    assert diag["whatif"] is not None, diag.get("incomplete")
+    assert len(diag["whatif"]["steps"]) >= 10
+    assert diag["whatif"]["discrepancy"] < 0.001
