@@ -316,7 +316,8 @@ def job_detail() -> DashboardDef:
        {ts('start_ns')} AS started, {ts('detected_ns')} AS detected,
        if(end_ns IS NULL, NULL, {ts('end_ns')}) AS ended,
        round((detected_ns - start_ns) / 1e9, 2) AS detection_delay_s,
-       round(slowdown, 3) AS slowdown_x, round(R, 3) AS R_ratio, round(P, 3) AS P_share
+       round(slowdown, 3) AS slowdown_x, round(R, 3) AS R_ratio, round(P, 3) AS P_share,
+       nullIf(JSONExtractString(extra, 'superseded_by'), '') AS superseded_by
 FROM {anomalies_of_job()} WHERE {anomaly_overlaps()}
 ORDER BY start_ns"""
     comm_table = f"""WITH {kinds_cte()}
@@ -349,9 +350,11 @@ LIMIT 200"""
             PanelDef("Anomalies of this job", "table", anomalies_sql,
                      ("id", "kind", "cause", "root_cause", "comm_type", "stage_name",
                       "communicator", "started", "detected", "ended", "detection_delay_s",
-                      "slowdown_x", "R_ratio", "P_share"),
+                      "slowdown_x", "R_ratio", "P_share", "superseded_by"),
                      "R: CCL-D's slowdown ratio of the slow communicator's rounds; P: the "
-                     "share of the delay that is compute (late arrival) rather than transfer.",
+                     "share of the delay that is compute (late arrival) rather than transfer; "
+                     "superseded_by: the report that took this one over (an absorbed link "
+                     "that now slows the job).",
                      width=24, height=7),
             advice_panel(),
             s2_plan_panel(),
