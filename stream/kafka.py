@@ -168,6 +168,7 @@ class KafkaTransport(KafkaConsumerSide, Transport):
         self._topics_ready = False
         self._topics_lock = threading.Lock()
         self._next_missing_check = 0.0
+        self._next_rejoin = 0.0
         self._closed = threading.Event()
         self._connector: threading.Thread | None = None
         if produce:

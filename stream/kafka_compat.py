@@ -23,6 +23,10 @@ read: a processor lost rows, and ``notify --once`` saw no report, after a rebala
 :func:`rewind_to_committed` moves a reassigned partition back to its committed offset (the
 reset policy's end where nothing is committed), as Java does.
 
+**A group that assigned nothing.** :func:`request_rejoin` lets a one-shot reader ask for a
+rebalance when its group gave it no partition of a topic that exists
+(``KafkaConsumerSide.drained``).
+
 **Positions without a round trip.** :func:`positions` and :func:`caught_up` read the
 consumer's own bookkeeping (``KafkaConsumer.position`` may block to ask the broker)."""
 
@@ -110,6 +114,16 @@ def positions(consumer: Any) -> dict[Any, int | None]:
         offset = getattr(position, "offset", position)
         out[tp] = None if offset is None else int(offset)
     return out
+
+
+def request_rejoin(consumer: Any) -> bool:
+    """Ask the consumer's group coordinator to rebalance at the next poll (kafka-python's
+    ``BaseCoordinator.request_rejoin``); False when this kafka-python has none."""
+    fn = getattr(getattr(consumer, "_coordinator", None), "request_rejoin", None)
+    if fn is None:
+        return False
+    fn()
+    return True
 
 
 def caught_up(consumer: Any, partition: int) -> bool | None:

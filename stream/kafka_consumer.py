@@ -52,6 +52,7 @@ class KafkaConsumerSide:
     _producer: Any
     _consumer: Any
     _next_missing_check: float
+    _next_rejoin: float
     _closed: threading.Event
 
     if TYPE_CHECKING:  # KafkaTransport's topics and producer side
@@ -319,6 +320,7 @@ class KafkaConsumerSide:
                 self.drain_wait = (f"no partitions of {', '.join(missing)} assigned yet "
                                    f"({len(assigned)} assigned, group joins so far "
                                    f"{self._counts['joins']})")
+                self._rejoin_for(consumer, missing)
                 return False
             ends = consumer.end_offsets(assigned, timeout_ms=5000)
             at = kafka_compat.positions(consumer)
@@ -331,6 +333,30 @@ class KafkaConsumerSide:
             log.debug("kafka end offsets unknown: %s", e)
             self.drain_wait = f"end offsets unknown: {type(e).__name__}: {e}"
             return False
+
+    #: A one-shot reader whose group gave it no partition of a topic that exists asks the
+    #: group to rebalance this often (seconds).
+    rejoin_every_s = 5.0
+
+    def _rejoin_for(self, consumer: Any, missing: list[str]) -> None:
+        """A one-shot reader (:meth:`drained`) must hold partitions of every subscribed
+        topic. kafka-python's leader can assign from metadata that lacked a topic for a
+        moment (a fresh topic's leader election) while it records the metadata that had it;
+        it then sees no change to rebalance for, and the reader waits forever (once in CI:
+        joined, 0 assigned, for 120 s). When the metadata shows partitions of a missing
+        topic, ask the group to rebalance (:func:`kafka_compat.request_rejoin`)."""
+        now = time.monotonic()
+        if now < self._next_rejoin or not self._counts["joins"]:
+            return
+        self._next_rejoin = now + self.rejoin_every_s
+        try:
+            known = [t for t in missing if consumer._cluster.partitions_for_topic(t)]
+        except Exception as e:  # noqa: BLE001 - internals changed: wait as before
+            log.debug("kafka metadata not readable: %s", e)
+            return
+        if known and kafka_compat.request_rejoin(consumer):
+            log.info("kafka group %s: no partitions of %s although they exist; rebalancing",
+                     self.group_id, ", ".join(known))
 
     def caught_up(self, partition: int) -> bool | None:
         """Whether the position of every assigned topic of ``partition`` has reached the

@@ -169,6 +169,30 @@ def _kafka_topics(broker: Broker) -> dict[str, int]:
         admin.close()
 
 
+def test_a_requested_rejoin_rebalances_the_group(broker: Broker) -> None:
+    """``kafka_compat.request_rejoin``, which a one-shot reader uses when its group gave it
+    no partition of a topic that exists, makes this kafka-python rejoin its group."""
+    from failslow.stream import kafka_compat
+
+    pfx = prefix()
+    with transport(broker, topic_prefix=pfx, subscribe=(), partitions=2) as producer:
+        assert producer.ensure_topics()
+    consumer = transport(broker, topic_prefix=pfx, produce=False, partitions=2)
+    try:
+        deadline = time.monotonic() + 60
+        while not consumer.drained():
+            assert time.monotonic() < deadline, consumer.drain_wait
+            consumer.poll(10, timeout=0.5)
+        joined = consumer.stats()["joins"]
+        assert kafka_compat.request_rejoin(consumer._consumer)
+        while consumer.stats()["joins"] == joined:
+            assert time.monotonic() < deadline, "no rebalance after request_rejoin"
+            consumer.poll(10, timeout=0.5)
+        assert consumer.drained()
+    finally:
+        consumer.close()
+
+
 #: A consumer that joined its group before its topics existed gets their partitions and
 #: their messages within this many seconds of their creation.
 SUBSCRIBE_BEFORE_CREATE_S = 10.0
