@@ -126,10 +126,11 @@ def from_spans(span: pa.Table, meta: JobMeta, coll: pa.Table | None = None,
         start[name], end[name], rowpos[name] = s_arr, e_arr, pos
 
     programs = _programs(start, end, kinds, meta)
-    complete = _complete_steps(start, programs, meta)
+    missing, first_gap = _gaps(start, programs)
+    complete = missing == 0
     if not complete.any():
         raise WhatIfInputError("no step in which every worker ran the whole program ("
-                               + _first_gap(start, programs, steps) + ")")
+                               + _closest(missing, first_gap, steps) + ")")
     if not complete.all():
         log.info("what-if: %d of %d steps dropped (some worker misses an operation)",
                  int((~complete).sum()), S)
@@ -266,22 +267,10 @@ def _programs(start: dict[str, np.ndarray], end: dict[str, np.ndarray],
     return programs
 
 
-def _complete_steps(start: dict[str, np.ndarray],
-                    programs: list[list[tuple[tuple[str, int], ...]]], meta: JobMeta
-                    ) -> np.ndarray:
-    S = next(iter(start.values())).shape[0]
-    ok = np.ones(S, dtype=bool)
-    for p, prog in enumerate(programs):
-        for ops in prog:
-            for n, i in ops:
-                ok &= ~np.isnan(start[n][:, i, p, :]).any(axis=1)
-    return ok
-
-
-def _first_gap(start: dict[str, np.ndarray],
-               programs: list[list[tuple[tuple[str, int], ...]]], steps: np.ndarray) -> str:
-    """Where the most complete step falls short: how many of its operations no worker's
-    span covers, and the first of them (stage, DP replica, operation and its index)."""
+def _gaps(start: dict[str, np.ndarray], programs: list[list[tuple[tuple[str, int], ...]]]
+          ) -> tuple[np.ndarray, list[tuple[int, int, str, int] | None]]:
+    """Per step: how many operations of the workers' programs no span covers, and the first
+    of them (stage, DP replica, operation, its index); a step is complete without any."""
     S = next(iter(start.values())).shape[0]
     missing = np.zeros(S, dtype=np.int64)
     first: list[tuple[int, int, str, int] | None] = [None] * S
@@ -293,6 +282,12 @@ def _first_gap(start: dict[str, np.ndarray],
                 for s_ in np.flatnonzero(gap.any(axis=1)).tolist():
                     if first[s_] is None:
                         first[s_] = (p, int(np.flatnonzero(gap[s_])[0]), n, i)
+    return missing, first
+
+
+def _closest(missing: np.ndarray, first: list[tuple[int, int, str, int] | None],
+             steps: np.ndarray) -> str:
+    """Where the most complete step falls short (:func:`_gaps`), in words."""
     best = int(np.argmin(missing))
     where = first[best]
     if where is None:

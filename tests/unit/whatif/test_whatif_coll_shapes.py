@@ -38,14 +38,16 @@ def test_per_pair_pipeline_communicators_give_the_pipeline_s(tmp_path: Path,
 def test_no_complete_step_says_where_the_most_complete_one_falls_short() -> None:
     import numpy as np
 
-    from failslow.whatif.spans import _first_gap
+    from failslow.whatif.spans import _closest, _gaps
     # 3 steps, 2 micro-batches, 2 stages, 2 DP replicas; stage 1 of replica 0 never ran its
     # second forward, and step 5 also lacks stage 0's first one
     start = {"forward-compute": np.zeros((3, 2, 2, 2))}
     start["forward-compute"][:, 1, 1, 0] = np.nan
     start["forward-compute"][2, 0, 0, 1] = np.nan
     programs = [[(("forward-compute", 0),), (("forward-compute", 1),)]] * 2
-    text = _first_gap(start, programs, np.array([3, 4, 5]))
+    missing, first = _gaps(start, programs)
+    assert missing.tolist() == [1, 1, 2]
+    text = _closest(missing, first, np.array([3, 4, 5]))
     assert text == ("step 3, the most complete, lacks 1 operation(s) of the workers' "
                     "programs, first forward-compute #1 of stage 1, DP replica 0")
 
