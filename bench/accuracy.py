@@ -103,7 +103,7 @@ def match(truth: list[Anomaly], found: list[Anomaly], horizon: int,
     t_all = [a for a in truth if a.kind == "slow"]
     # a report another one took over is scored as that one (heldout_score.without_superseded)
     ids = {a.id for a in found}
-    f_slow = [a for a in found if a.kind == "slow" and a.extra.get("superseded_by") not in ids]
+    f_slow = [a for a in found if a.kind == "slow" and a.superseded_by not in ids]
     marginal = [a for a in t_all if a.slowdown is not None and a.slowdown < MIN_SLOWDOWN]
     t_slow = [a for a in t_all if a not in marginal]
     for m in marginal:  # a report of a marginal slow-down is neither right nor wrong

@@ -49,6 +49,14 @@ class Anomaly:
         if self.stage is not None and self.stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, not {self.stage!r}")
 
+    @property
+    def superseded_by(self) -> str | None:
+        """The id of the report that took this one over (``extra.superseded_by``: a degraded
+        link the job absorbed, reported by the link-rate detector, that the slow-down
+        detector later names), or None. Its end is no recovery."""
+        by = self.extra.get("superseded_by")
+        return str(by) if by else None
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         extra = d.pop("extra")

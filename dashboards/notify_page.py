@@ -250,7 +250,7 @@ def build_page(title: str, event: str, job: str, a: Anomaly, cost_gpu_h: float,
     if a.detected_ns is not None:
         since += f"; detected {when(a.detected_ns, tz)}"
     resolved = ""
-    by = a.extra.get("superseded_by") if event == "resolve" else None
+    by = a.superseded_by if event == "resolve" else None
     if event == "resolve" and a.end_ns is not None:
         lasted = "" if a.start_ns is None else f" after {duration((a.end_ns - a.start_ns) / 1e9)}"
         resolved = f"ended {when(a.end_ns, tz)}{lasted}"

@@ -43,8 +43,8 @@ def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
     slows the job) says so instead of "resolved": the fault did not go away."""
     head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: ",
             "advise": "mitigation advice: "}[event]
-    if event == "resolve" and superseded_by(a):
-        head = f"superseded by {superseded_by(a)} (not recovered, follow that report): "
+    if event == "resolve" and a.superseded_by:
+        head = f"superseded by {a.superseded_by} (not recovered, follow that report): "
     parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a, hosts)}"]
     if a.stage:
         parts.append(f"in {a.stage}")
@@ -58,13 +58,6 @@ def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
         parts[-1] += f", {count} ranks waiting"
     line = advice_text(advice, resolved=event == "resolve")
     return " ".join(parts) + (f"; {line}" if line else "")
-
-
-def superseded_by(a: Anomaly) -> str | None:
-    """The id of the report that took this one over (the link-rate detector's report of a
-    degraded link that the slow-down detector later names), or None."""
-    by = a.extra.get("superseded_by")
-    return str(by) if by else None
 
 
 def advice_text(advice: Mapping[str, Any] | None, resolved: bool = False) -> str:
@@ -186,7 +179,7 @@ def slack_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict
     """A Slack incoming webhook message: the summary and one attachment of fields."""
     a = n.a
     p = n.page
-    color = _SLACK_COLOR["resolve" if n.event == "resolve" and not superseded_by(a)
+    color = _SLACK_COLOR["resolve" if n.event == "resolve" and not a.superseded_by
                          else n.severity]
     fields = [{"title": "job", "value": n.job, "short": True},
               {"title": "cause", "value": f"{a.kind}/{a.cause}", "short": True},
@@ -241,8 +234,8 @@ def alertmanager_payload(n: Notice, receiver: Receiver,
     advice_line = advice_text(n.advice, resolved=resolved)
     if advice_line:
         annotations["advice"] = advice_line
-    if resolved and superseded_by(a):
-        annotations["superseded_by"] = str(superseded_by(a))
+    if resolved and a.superseded_by:
+        annotations["superseded_by"] = str(a.superseded_by)
     if p.links:
         annotations["dashboard"] = next(iter(p.links.values()))
     alert = {"status": "resolved" if resolved else "firing", "labels": labels,
@@ -264,7 +257,7 @@ def generic_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> di
             "severity": n.severity, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
             "summary": n.text, "page": _page_dict(p), "text": p.text(),
             "hosts": n.hosts or {}, "anomaly": n.brief_anomaly(), "advice": n.advice,
-            "superseded_by": superseded_by(n.a) if n.event == "resolve" else None}
+            "superseded_by": n.a.superseded_by if n.event == "resolve" else None}
 
 
 Render = Callable[[Notice, Receiver, Mapping[str, str]], dict[str, Any]]

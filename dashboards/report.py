@@ -301,8 +301,8 @@ def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
 def _superseded(a: Anomaly) -> str:
     """The end of a report another one took over (an absorbed link that now slows the job)
     is no recovery: it names its successor."""
-    by = a.extra.get("superseded_by")
-    return f' <span class="muted">(superseded by {_e(str(by))})</span>' if by else ""
+    by = a.superseded_by
+    return f' <span class="muted">(superseded by {_e(by)})</span>' if by else ""
 
 
 def truth_rows(matches: Sequence[Match], extra: Sequence[Anomaly], t0: int) -> str:
