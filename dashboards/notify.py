@@ -17,7 +17,12 @@ and the jobs' ``meta`` messages (for the number of ranks), and sends webhooks:
   took it over (``superseded_by``: a degraded link, reported while the job absorbed it, that
   now slows the job and has the slow-down detector's report) closes with a resolve that
   says so: "superseded by slow-1 (not recovered, ...)", ``superseded_by`` in the generic
-  JSON and the Alertmanager annotations, the severity's colour in Slack;
+  JSON and the Alertmanager annotations, the severity's colour in Slack. An open anomaly
+  whose root changes (the slow-down detector replaced a root that met the onset by chance
+  with the link that persists, or found a second straggler) sends a *revise* update to the
+  receivers that got the trigger ("revised: ... (was compute at rank 18 ...)",
+  ``revised_from`` in the generic JSON; Alertmanager: the first root's alert resolves and
+  the new one fires) and a trigger to the receivers the new root routes to;
 * **mitigation advice** (Greyhound §5.1: the processor's ski-rental planner, topic
   ``failslow.advice``): every payload carries the anomaly's current advice (generic JSON
   ``advice``, a Slack line and field, PagerDuty ``custom_details.advice``, an Alertmanager
@@ -140,9 +145,17 @@ class Stats:
     bad_messages: int = 0
     advice: int = 0  # advice messages taken (new ones)
     unrouted: int = 0  # anomalies no route took (kept: they page if they escalate)
+    revised: int = 0  # open anomalies whose root changed (a revise update was sent)
 
     def to_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+
+def _root(anomaly: Mapping[str, Any]) -> dict[str, Any]:
+    """What an anomaly report blames: its cause, ranks and link."""
+    link = anomaly.get("link")
+    return {"cause": anomaly.get("cause"), "ranks": sorted(anomaly.get("ranks") or []),
+            "link": sorted(link) if link else None}
 
 
 @dataclass
@@ -294,11 +307,31 @@ class Notifier:
             k.resolved, k.anomaly, k.updated = True, a.to_dict(), self.clock()
             self._enqueue("resolve", job, a, k.severity, cost, k.receivers)
             return
+        if _root(a.to_dict()) != _root(k.anomaly):
+            self._revise(key, k, a, sev, cost)
+            return
         if rank_of(sev) > rank_of(k.severity):
             self._escalate(key, k, a, sev, cost)
             return
         k.anomaly = a.to_dict()
         self.stats.duplicates += 1
+
+    def _revise(self, key: str, k: _Known, a: Anomaly, sev: str, cost: float) -> None:
+        """The open anomaly now names another root (cause, ranks or link): a *revise* update
+        to the receivers that got the trigger, saying what it named before (a root that met
+        the onset by chance, replaced by the one that persists; a second straggler or the
+        link of a mixed slow-down found later), and a trigger
+        to the ones the new root routes to (another cause may page another team)."""
+        self.stats.revised += 1
+        # what the receivers were told last (the detector's ``revised`` is the first report)
+        a.extra["revised"] = {**dict(a.extra.get("revised") or {}), **_root(k.anomaly)}
+        sev = sev if rank_of(sev) > rank_of(k.severity) else k.severity
+        receivers = self.config.route(k.job, a, sev)
+        new = [r for r in receivers if r not in k.receivers]
+        self._enqueue("revise", k.job, a, sev, cost, k.receivers)
+        self._enqueue("trigger", k.job, a, sev, cost, new)
+        k.severity, k.anomaly, k.updated = sev, a.to_dict(), self.clock()
+        k.receivers = k.receivers + new
 
     def _escalate(self, key: str, k: _Known, a: Anomaly, sev: str, cost: float) -> None:
         receivers = self.config.route(k.job, a, sev)

@@ -8,6 +8,7 @@ anomaly's time range. The receivers' bodies (:mod:`.notify_render`) are built fr
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,20 @@ def _rank_with_host(hosts: Mapping[str, str], rank: int) -> str:
 def culprits(a: Anomaly) -> list[int]:
     """The root-cause ranks, the link's ends when there are none."""
     return list(a.ranks) or list(a.link or [])
+
+
+def revised_from(a: Anomaly) -> Anomaly | None:
+    """The anomaly as reported before its root was revised (``extra.revised``: the cause,
+    ranks and link it named then), else None."""
+    prev = a.extra.get("revised")
+    if not isinstance(prev, Mapping) or not prev.get("cause"):
+        return None
+    try:
+        return dataclasses.replace(
+            a, cause=str(prev["cause"]), ranks=[int(r) for r in prev.get("ranks") or []],
+            link=[int(r) for r in prev["link"]] if prev.get("link") else None, extra={})
+    except (TypeError, ValueError):
+        return None
 
 
 def victims(a: Anomaly) -> tuple[list[int], int]:
@@ -269,8 +284,11 @@ def build_page(title: str, event: str, job: str, a: Anomaly, cost_gpu_h: float,
     else:
         why_none = ("none yet: the impact so far is below the cheapest action's cost; "
                     "the planner re-decides as it grows")
-    cause = f"{a.kind}/{a.cause}"
-    return Page(title=title, what=f"{cause} in job {job} ({a.id})", where=where(a, hosts),
+    what = f"{a.kind}/{a.cause} in job {job} ({a.id})"
+    prev = revised_from(a) if event == "revise" else None
+    if prev is not None:
+        what += f"; revised, was {prev.kind}/{prev.cause} at {where(prev, hosts)}"
+    return Page(title=title, what=what, where=where(a, hosts),
                 since=since, impact=", ".join(how), evidence=evidence(a, world_size, hosts, tz),
                 advice=advice_line(advice, resolved=event == "resolve") or why_none,
                 links=grafana_links(grafana_url, job, a, now_ns), resolved=resolved)

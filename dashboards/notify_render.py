@@ -13,7 +13,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from failslow.dashboards.notify_config import Receiver
-from failslow.dashboards.notify_page import Page, build_page, culprits, victims, when, zone
+from failslow.dashboards.notify_page import (
+    Page,
+    build_page,
+    culprits,
+    revised_from,
+    victims,
+    when,
+    zone,
+)
 from failslow.diagnosis import Anomaly
 
 
@@ -42,10 +50,13 @@ def summary(job: str, a: Anomaly, event: str, sev: str, cost: float,
     end of a report another one took over (``superseded_by``: an absorbed link that now
     slows the job) says so instead of "resolved": the fault did not go away."""
     head = {"trigger": "", "escalate": "escalated: ", "resolve": "resolved: ",
-            "advise": "mitigation advice: "}[event]
+            "advise": "mitigation advice: ", "revise": "revised: "}[event]
     if event == "resolve" and a.superseded_by:
         head = f"superseded by {a.superseded_by} (not recovered, follow that report): "
     parts = [f"{head}[{sev}] {job}: {a.kind}/{a.cause} at {_who(a, hosts)}"]
+    prev = revised_from(a) if event == "revise" else None
+    if prev is not None:
+        parts.append(f"(was {prev.cause} at {_who(prev, hosts)})")
     if a.stage:
         parts.append(f"in {a.stage}")
     if a.slowdown is not None:
@@ -81,7 +92,7 @@ def advice_text(advice: Mapping[str, Any] | None, resolved: bool = False) -> str
 class Notice:
     """What a page says, before it is shaped for a receiver type."""
 
-    event: str  # trigger | escalate | resolve
+    event: str  # trigger | escalate | resolve | advise | revise
     job: str
     anomaly: dict[str, Any]
     severity: str
@@ -243,11 +254,24 @@ def alertmanager_payload(n: Notice, receiver: Receiver,
              "startsAt": _iso(a.start_ns), "endsAt": _iso(end),
              "generatorURL": annotations.get("dashboard", ""), "fingerprint": hashlib.sha256(
                  n.dedup_key.encode()).hexdigest()[:16]}
+    alerts = [alert]
+    prev = revised_from(a) if n.event == "revise" else None
+    if prev is not None:
+        # Alertmanager tells alerts apart by their labels: the alert of the root first
+        # reported ends here, the revised one fires in its place
+        old = _labels(n, prev)
+        annotations["revised_from"] = f"{prev.kind}/{prev.cause} at {_who(prev, n.hosts)}"
+        alerts.append({"status": "resolved", "labels": old,
+                       "annotations": {**annotations, "summary": "revised: " + n.text},
+                       "startsAt": _iso(a.start_ns), "endsAt": _iso(n.now_ns),
+                       "generatorURL": alert["generatorURL"],
+                       "fingerprint": hashlib.sha256(
+                           (n.dedup_key + "#revised").encode()).hexdigest()[:16]})
     return {"version": "4", "groupKey": f"{{}}:{{job={n.job!r}}}", "truncatedAlerts": 0,
             "status": alert["status"], "receiver": receiver.name,
             "groupLabels": {"job": n.job}, "commonLabels": labels,
             "commonAnnotations": alert["annotations"], "externalURL": n.grafana_url,
-            "alerts": [alert]}
+            "alerts": alerts}
 
 
 def generic_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> dict[str, Any]:
@@ -257,7 +281,8 @@ def generic_payload(n: Notice, receiver: Receiver, env: Mapping[str, str]) -> di
             "severity": n.severity, "cost_gpu_hours": round(n.cost_gpu_hours, 6),
             "summary": n.text, "page": _page_dict(p), "text": p.text(),
             "hosts": n.hosts or {}, "anomaly": n.brief_anomaly(), "advice": n.advice,
-            "superseded_by": n.a.superseded_by if n.event == "resolve" else None}
+            "superseded_by": n.a.superseded_by if n.event == "resolve" else None,
+            "revised_from": (n.a.extra.get("revised") if n.event == "revise" else None)}
 
 
 Render = Callable[[Notice, Receiver, Mapping[str, str]], dict[str, Any]]

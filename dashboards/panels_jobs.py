@@ -317,7 +317,11 @@ def job_detail() -> DashboardDef:
        if(end_ns IS NULL, NULL, {ts('end_ns')}) AS ended,
        round((detected_ns - start_ns) / 1e9, 2) AS detection_delay_s,
        round(slowdown, 3) AS slowdown_x, round(R, 3) AS R_ratio, round(P, 3) AS P_share,
-       nullIf(JSONExtractString(extra, 'superseded_by'), '') AS superseded_by
+       nullIf(JSONExtractString(extra, 'superseded_by'), '') AS superseded_by,
+       if(JSONHas(extra, 'revised'), concat(JSONExtractString(extra, 'revised', 'cause'),
+          ' on ', arrayStringConcat(arrayMap(x -> toString(x),
+          JSONExtract(extra, 'revised', 'ranks', 'Array(Int64)')), ',')), NULL)
+          AS revised_from
 FROM {anomalies_of_job()} WHERE {anomaly_overlaps()}
 ORDER BY start_ns"""
     comm_table = f"""WITH {kinds_cte()}
@@ -350,11 +354,12 @@ LIMIT 200"""
             PanelDef("Anomalies of this job", "table", anomalies_sql,
                      ("id", "kind", "cause", "root_cause", "comm_type", "stage_name",
                       "communicator", "started", "detected", "ended", "detection_delay_s",
-                      "slowdown_x", "R_ratio", "P_share", "superseded_by"),
+                      "slowdown_x", "R_ratio", "P_share", "superseded_by", "revised_from"),
                      "R: CCL-D's slowdown ratio of the slow communicator's rounds; P: the "
                      "share of the delay that is compute (late arrival) rather than transfer; "
                      "superseded_by: the report that took this one over (an absorbed link "
-                     "that now slows the job).",
+                     "that now slows the job); revised_from: what the report blamed before "
+                     "its root was revised (a rank that met the onset by chance).",
                      width=24, height=7),
             advice_panel(),
             s2_plan_panel(),

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from matplotlib.dates import DateFormatter
 from matplotlib.figure import Figure  # Agg canvas, no pyplot state
 
+from failslow.dashboards.notify_page import revised_from
 from failslow.dashboards.report_story import StoryParts, heat_caption, wall, who
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.events import JobMeta
@@ -289,13 +290,25 @@ def anomaly_rows(anomalies: Sequence[Anomaly], t0: int) -> str:
             f"<td>{_e(a.cause)}</td><td>{_e(', '.join(str(r) for r in a.ranks))}</td>"
             f"<td>{_e(link)}</td><td>{_e(a.comm_kind)}</td><td>{_e(a.stage)}</td>"
             f'<td class="num">{_sec(a.start_ns, t0)}</td>'
-            f'<td class="num">{_sec(a.detected_ns, t0)}</td>'
+            f'<td class="num">{_sec(a.detected_ns, t0)}{_revised(a, t0)}</td>'
             f'<td class="num">{_sec(a.end_ns, t0)}{_superseded(a)}</td>'
             f'<td class="num">{_num(a.slowdown)}</td><td class="num">{_num(a.R)}</td>'
             f'<td class="num">{_num(a.P)}</td></tr>')
     if not rows:
         rows.append('<tr><td colspan="13" class="muted">no anomalies</td></tr>')
     return f'<table id="anomalies">{head}{"".join(rows)}</table>'
+
+
+def _revised(a: Anomaly, t0: int) -> str:
+    """A report whose root was revised names what it blamed first, and when."""
+    prev = revised_from(a)
+    if prev is None:
+        return ""
+    blamed = f"link {'–'.join(map(str, prev.link))}" if prev.link else \
+        f"rank{'s' if len(prev.ranks) != 1 else ''} {', '.join(map(str, prev.ranks))}"
+    first_ns = a.extra["revised"].get("detected_ns")
+    at = f" at {_sec(int(first_ns), t0)}" if isinstance(first_ns, int) else ""
+    return f' <span class="muted">(revised: {_e(prev.cause)} on {_e(blamed)}{at})</span>'
 
 
 def _superseded(a: Anomaly) -> str:

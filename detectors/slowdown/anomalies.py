@@ -483,9 +483,17 @@ class AnomalyLifecycle:
         old_comm, old_nodes, old_roots = op.signature
         first, comm_ok, nodes, roots = found or (op.first, bool(old_comm), list(old_nodes),
                                                  list(old_roots))
+        kept = list(old_roots)
+        if found is not None and (comm_ok or roots):
+            # a root that no longer persists, that none of the latest ``root_gone``
+            # iterations names while something else persists, was a transient that met the
+            # onset (a burst on its node): it goes
+            latest = op.per_iter[-self.config.root_gone:]
+            kept = [r for r in old_roots if r in roots or len(latest) < self.config.root_gone
+                    or any(sig is None or r in sig[2] for sig in latest)]
         comm_ok = comm_ok or bool(old_comm)
         nodes = list(old_nodes) if old_comm and old_nodes else nodes
-        roots = sorted(set(roots) | set(old_roots))
+        roots = sorted(set(roots) | set(kept))
         if op.anomaly.get("cause") == "compute" and not comm_ok:
             # stragglers that the first one hides show only over several iterations
             whole = self._window(op, op.onset_pos + op.first, self.timeline.horizon)
@@ -508,6 +516,12 @@ class AnomalyLifecycle:
             return []
         op.signature = [comm_ok, nodes, roots]
         keep = {k: op.anomaly[k] for k in ("id", "start_ns", "detected_ns")}
+        if set(old_roots) - set(kept):
+            # the first report named a root the evidence no longer holds: what this one
+            # names is known from now on, and the first report is kept beside it
+            keep["revised"] = {k: op.anomaly.get(k) for k in ("cause", "ranks", "link",
+                                                              "detected_ns")}
+            keep["detected_ns"] = int(self.timeline.horizon)
         op.anomaly.update({k: v for k, v in loc.items()
                            if k not in INTERNAL_FIELDS})
         op.anomaly.update(keep)

@@ -87,6 +87,7 @@ class SlowdownConfig:
     #                             the job, each iteration naming its roots at random) at most
     #                             this often
     refine_iterations: int = 8  # an open anomaly's root may be refined this long
+    root_gone: int = 3  # ... and a root no iteration of this many in a row names is dropped
     hidden_iterations: float = 3.0  # an open compute anomaly's window this long is searched
     #                                 for stragglers it hides (hidden_roots)
     bin_shift: int = 22  # initial bin width 2^22 ns (4.2 ms); coarsened to ~1/8 iteration

@@ -270,6 +270,44 @@ def test_a_superseded_report_closes_without_saying_resolved(tmp_path: Path,
     assert "superseded_by" not in am[0]["alerts"][0]["annotations"]
 
 
+def test_a_revised_root_is_sent_as_an_update_with_what_it_was(tmp_path: Path,
+                                                             receiver: Receiver) -> None:
+    """An open anomaly reported again with another root (the slow-down detector replaced
+    a rank that met the onset by chance with the link that persists): the receivers that
+    got the trigger get a *revise* update that says what it named before, in every shape;
+    the same root reported again sends nothing, and the end resolves as usual."""
+    t = _transport()
+    _meta(t, "job-a", 64)
+    first = _slow("slow-0")
+    _publish(t, "job-a", first, 1)
+    revised = Anomaly.from_dict({**first.to_dict(), "cause": "communication",
+                                 "ranks": [28, 36], "link": [28, 36], "comm_kind": "pp",
+                                 "stage": "pp_p2p"})
+    _publish(t, "job-a", revised, 2)
+    _publish(t, "job-a", revised, 3)  # a repeat
+    _publish(t, "job-a", Anomaly.from_dict({**revised.to_dict(), "end_ns": T0 + 9 * 10**9}), 4)
+    n = Notifier(_config(tmp_path, receiver), env=_env(receiver))
+    notify.run(n, t, until_idle=True)
+    assert n.stats.revised == 1
+    hook = [r.json for r in receiver.at("/hook")]
+    assert [b["event"] for b in hook] == ["trigger", "revise", "resolve"]
+    update = hook[1]
+    assert update["summary"].startswith("revised: [")
+    assert "slow/communication at link 28-36" in update["summary"]
+    assert "(was compute at rank 21)" in update["summary"]
+    assert update["revised_from"]["cause"] == "compute"
+    assert update["revised_from"]["ranks"] == [21]
+    assert "revised, was slow/compute at rank 21" in update["page"]["what"]
+    assert hook[0]["revised_from"] is None
+    slack = [r.json for r in receiver.at("/slack")]
+    assert slack[1]["text"] == update["summary"]
+    am = [r.json for r in receiver.at("/am")]
+    firing, ended = am[1]["alerts"]
+    assert (firing["status"], firing["labels"]["cause"]) == ("firing", "communication")
+    assert (ended["status"], ended["labels"]["cause"]) == ("resolved", "compute")
+    assert ended["labels"]["rank"] == "21" and firing["labels"]["rank"] == "28,36"
+
+
 def test_pagerduty_events_v2_and_hangs_are_critical(tmp_path: Path, receiver: Receiver) -> None:
     t = _transport()
     _publish(t, "prod-7", _hang(), 1)

@@ -107,3 +107,13 @@ def test_anomaly_table_names_the_report_that_took_one_over() -> None:
                    extra={"superseded_by": "slow-1"})
     html = anomaly_rows([link, _slow("slow-1", 5, 2, 9, 1.4)], T0)
     assert html.count("superseded by slow-1") == 1
+
+
+def test_anomaly_table_names_what_a_revised_report_blamed_first() -> None:
+    from failslow.dashboards.report import anomaly_rows
+    link = Anomaly(id="slow-0", kind="slow", cause="communication", ranks=[28, 36],
+                   link=[28, 36], start_ns=T0, detected_ns=T0 + 5 * S, slowdown=1.15,
+                   extra={"revised": {"cause": "compute", "ranks": [18], "link": None,
+                                      "detected_ns": T0 + 3 * S}})
+    html = anomaly_rows([link, _slow("slow-1", 5, 2, 9, 1.4)], T0)
+    assert html.count(f"(revised: compute on rank 18 at {rs.wall(T0 + 3 * S)})") == 1

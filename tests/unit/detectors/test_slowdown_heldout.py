@@ -394,3 +394,29 @@ def test_slow_ring_is_no_side_effect_of_a_pipeline_neighbours_noise(tmp_path: Pa
              if str(a["id"]).startswith("slow-")]
     assert [(a["cause"], a["ranks"]) for a in found] == [("communication", list(range(8)))]
     assert 0 < elapsed_iterations(int(found[0]["detected_ns"]), truth["anomalies"][0]) <= 4.0
+
+
+def test_a_root_that_met_the_onset_by_chance_is_replaced_by_what_persists(
+        tmp_path: Path) -> None:
+    """Held-out seed 31 ``link-pp-3`` (tp4 pp8 dp2): the pipeline link 28 -> 36 turns 4.7x
+    slower. In the level's first two slow iterations rank 18 (two stages away) also
+    computed slower (a burst on its node), and the anomaly opened as a compute straggler
+    on 18; every later iteration names the slow link and never 18 again. The open
+    anomaly is refined to the link, with the same id, and keeps its first report under
+    ``revised`` (before: ``compute [18]`` stayed open all job long, and only the link-rate
+    detector reported the link, as an absorbed one)."""
+    spec = hg.Spec(tp=4, pp=8, dp=2, microbatches=8, iterations=28, forward_ms=4.23002,
+                   backward_ratio=2.03267, last_stage=1.17768, pp_bytes=33554432,
+                   small_allreduce=True, jitter="uniform", jitter_scale=0.04974,
+                   seqlen_sigma=0.02719, burst_prob=0.02, gc_prob=0.00078125,
+                   skew_ms=2.75111, drift_ppm=8.61633, fmt="parquet", link_rows=True,
+                   seed=1562329804, job="heldout-link-pp-3",
+                   faults=[hg.Fault("communication", 28, peer=36, start=8, factor=4.71762)])
+    truth = hg.write(spec, tmp_path / "pp")
+    found = analyze(tmp_path / "pp").to_dict()["anomalies"]
+    assert [(a["id"], a["cause"], a["ranks"], a["link"]) for a in found] == [
+        ("slow-0", "communication", [28, 36], [28, 36])]
+    first = found[0]["revised"]
+    assert (first["cause"], first["ranks"]) == ("compute", [18])
+    assert first["detected_ns"] < found[0]["detected_ns"]
+    assert 0 < elapsed_iterations(int(found[0]["detected_ns"]), truth["anomalies"][0]) <= 6
