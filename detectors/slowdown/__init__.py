@@ -34,7 +34,7 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    on its own against the reference window before the onset, and a compute root (or a slow
    link) must be found again over the slow iterations (:mod:`.anomalies`),
    more often than chance allows: noise names many ranks per iteration, so a rank shared
-   by two such sets is no evidence (:func:`_persistence_chance`). An iteration whose window
+   by two such sets is no evidence (:func:`persistence_chance`). An iteration whose window
    holds no round of the slow groups' slow operation class says nothing about them (a
    once-per-iteration sync that ends at the iteration boundary falls into every other
    window of whole time bins). A first slow iteration several healthy iterations long is
@@ -90,7 +90,7 @@ Modules, in the order of the pipeline: :mod:`.config` (settings), :mod:`.comms`
 """
 
 from failslow.detectors.slowdown.accounting import THROTTLE_MASK, BinnedStats
-from failslow.detectors.slowdown.anomalies import AnomalyLifecycle, _agree, _persistence_chance
+from failslow.detectors.slowdown.anomalies import AnomalyLifecycle
 from failslow.detectors.slowdown.bins import BinTable
 from failslow.detectors.slowdown.ccld import CCLDMonitor, cause_from_p, ccld_ratios
 from failslow.detectors.slowdown.comms import CommRegistry, infer_comm_kind, infer_comms
@@ -109,6 +109,7 @@ from failslow.detectors.slowdown.gaps import (
     PASS_OTHER,
     GapTracker,
 )
+from failslow.detectors.slowdown.levels import agree, persistence_chance
 from failslow.detectors.slowdown.links import LinkTracker
 from failslow.detectors.slowdown.localizer import Localizer
 from failslow.detectors.slowdown.rounds import RoundJoiner, Rounds, rounds_table
@@ -117,6 +118,6 @@ __all__ = [
     "KIND_STAGE", "PASS_BIN_SHIFT", "PASS_BWD", "PASS_FWD", "PASS_OTHER", "RECV", "SEND",
     "SPAN_PASSES", "THROTTLE_MASK", "AnomalyLifecycle", "BinTable", "BinnedStats",
     "CCLDMonitor", "CommRegistry", "GapTracker", "LinkTracker", "Localizer", "RoundJoiner",
-    "Rounds", "SlowdownConfig", "SlowdownDetector", "_agree", "_persistence_chance",
-    "cause_from_p", "ccld_ratios", "infer_comm_kind", "infer_comms", "rounds_table",
+    "Rounds", "SlowdownConfig", "SlowdownDetector", "agree", "cause_from_p", "ccld_ratios",
+    "infer_comm_kind", "infer_comms", "persistence_chance", "rounds_table",
 ]

@@ -7,7 +7,6 @@ the same fault grown worse, dropped when no root persists, and closed by a relie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from failslow.detectors.changepoints import Change, ChangeTracker
 from failslow.detectors.slowdown.accounting import BinnedStats
 from failslow.detectors.slowdown.compute import compute_stage, gpu_evidence, hidden_roots
 from failslow.detectors.slowdown.config import SlowdownConfig
-from failslow.detectors.slowdown.levels import SlowLevel, Window
+from failslow.detectors.slowdown.levels import SlowLevel, Window, agree, persistence_chance
 from failslow.detectors.slowdown.localizer import INTERNAL_FIELDS, Localizer
 from failslow.detectors.slowdown.timeline import IterationTimeline
 from failslow.diagnosis import Anomaly
@@ -284,7 +283,7 @@ class AnomalyLifecycle:
             whose ``member`` is None say nothing and are left out (a stretch starts at
             the first of them before its first hit that is at its level). With
             ``by_chance``, the stretch must also be unlikely to arise by accident for any
-            rank (:func:`_persistence_chance`). ``slack``: it may start this many
+            rank (:func:`persistence_chance`). ``slack``: it may start this many
             iterations after ``max_start``."""
             known = [i for i in range(k) if member[i] is not None]
             for j, s0 in enumerate(known):
@@ -468,9 +467,9 @@ class AnomalyLifecycle:
         """The chance that some rank is among the roots of at least ``hits`` of the
         localizations that named ``named`` ranks each, by accident: a given rank is among
         a localization's roots with the share of the world it named
-        (:func:`_persistence_chance`, times the world size)."""
+        (:func:`persistence_chance`, times the world size)."""
         world = max(self.meta.world_size, 1)
-        return world * _persistence_chance([min(n / world, 1.0) for n in named], hits)
+        return world * persistence_chance([min(n / world, 1.0) for n in named], hits)
 
     def _refine(self, op: SlowLevel) -> list[Anomaly]:
         """An open anomaly (the top level) whose later iterations add persistent evidence
@@ -562,7 +561,7 @@ class AnomalyLifecycle:
         mine, theirs = a.anomaly.get("link"), loc.get("link")
         if mine and theirs and sorted(mine) != sorted(theirs):
             return False
-        return bool(a.signature) and _agree(a.signature, loc["signature"])
+        return bool(a.signature) and agree(a.signature, loc["signature"])
 
     def _relief(self, ch: Change) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -599,30 +598,3 @@ class AnomalyLifecycle:
 
 def _anomaly(d: dict[str, Any]) -> Anomaly:
     return Anomaly.from_dict(dict(d))
-
-
-def _persistence_chance(probs: Sequence[float], hits: int) -> float:
-    """Probability that one given rank is among the named roots of at least ``hits`` of
-    the iterations by accident, when iteration ``i`` names each rank with probability
-    ``probs[i]`` (Poisson-binomial upper tail). A fail-slow keeps naming the same one or
-    two ranks; noise (pauses, longer sequences of a whole replica) names many ranks at
-    once, so two iterations that share one of their many roots are no evidence."""
-    dist = np.zeros(len(probs) + 1)
-    dist[0] = 1.0
-    for p in probs:
-        dist[1:] = dist[1:] * (1.0 - p) + dist[:-1] * p
-        dist[0] *= 1.0 - p
-    return float(dist[hits:].sum())
-
-
-def _agree(a: list[Any], b: list[Any]) -> bool:
-    """Two localization signatures ``[communication?, link nodes, compute roots]`` name the
-    same fault: the same kind of evidence and a common link or a common root rank."""
-    if bool(a[0]) != bool(b[0]):
-        return False
-    if a[0] and a[1] and b[1] and sorted(a[1]) != sorted(b[1]):
-        return False
-    if a[2] and b[2]:
-        # the strongest root of the part is a root of the whole
-        return b[2][0] in a[2]
-    return bool(a[0]) or not (a[2] or b[2])

@@ -1,10 +1,15 @@
 """A slow level of the change tracker and the anomaly it may become (:class:`SlowLevel`),
-and the analysis window of a localization against its reference window (:class:`Window`)."""
+the analysis window of a localization against its reference window (:class:`Window`), and
+what two levels' evidence share: the chance a root persists by accident
+(:func:`persistence_chance`) and whether two signatures name one fault (:func:`agree`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -55,3 +60,30 @@ class SlowLevel:
     # independent fault over the same level, reported as its own anomaly (the communication
     # one; ``anomaly`` is then the compute one)
     extra: list[dict[str, Any]] = field(default_factory=list)
+
+
+def persistence_chance(probs: Sequence[float], hits: int) -> float:
+    """Probability that one given rank is among the named roots of at least ``hits`` of
+    the iterations by accident, when iteration ``i`` names each rank with probability
+    ``probs[i]`` (Poisson-binomial upper tail). A fail-slow keeps naming the same one or
+    two ranks; noise (pauses, longer sequences of a whole replica) names many ranks at
+    once, so two iterations that share one of their many roots are no evidence."""
+    dist = np.zeros(len(probs) + 1)
+    dist[0] = 1.0
+    for p in probs:
+        dist[1:] = dist[1:] * (1.0 - p) + dist[:-1] * p
+        dist[0] *= 1.0 - p
+    return float(dist[hits:].sum())
+
+
+def agree(a: list[Any], b: list[Any]) -> bool:
+    """Two localization signatures ``[communication?, link nodes, compute roots]`` name the
+    same fault: the same kind of evidence and a common link or a common root rank."""
+    if bool(a[0]) != bool(b[0]):
+        return False
+    if a[0] and a[1] and b[1] and sorted(a[1]) != sorted(b[1]):
+        return False
+    if a[2] and b[2]:
+        # the strongest root of the part is a root of the whole
+        return b[2][0] in a[2]
+    return bool(a[0]) or not (a[2] or b[2])

@@ -13,7 +13,7 @@ import pytest
 from support.snapshots import roundtrip
 
 from failslow.bench import accuracy
-from failslow.detectors.slowdown import _persistence_chance
+from failslow.detectors.slowdown import persistence_chance
 from failslow.diagnosis import Anomaly
 from failslow.engine.offline import KINDS, run_analyzer
 from failslow.simulator import scenario_from_dict, simulate
@@ -55,15 +55,15 @@ def test_clean_noisy_jobs_that_used_to_false_alarm(name: str, seed: int) -> None
 
 def test_persistence_chance_is_small_only_for_specific_roots() -> None:
     # one root in each of two iterations of a 64-rank job: unlikely by accident
-    assert 64 * _persistence_chance([1 / 64, 1 / 64], 2) < 0.05
+    assert 64 * persistence_chance([1 / 64, 1 / 64], 2) < 0.05
     # one of four and one of five ranks named, 32 ranks: a common rank is likely
-    assert 32 * _persistence_chance([4 / 32, 5 / 32], 2) > 0.5
+    assert 32 * persistence_chance([4 / 32, 5 / 32], 2) > 0.5
     # Poisson-binomial tail against a direct enumeration
     p = [0.2, 0.5, 0.1]
     direct = sum(np.prod([p[i] if b >> i & 1 else 1 - p[i] for i in range(3)])
                  for b in range(8) if bin(b).count("1") >= 2)
-    assert _persistence_chance(p, 2) == pytest.approx(direct)
-    assert _persistence_chance(p, 0) == pytest.approx(1.0)
+    assert persistence_chance(p, 2) == pytest.approx(direct)
+    assert persistence_chance(p, 0) == pytest.approx(1.0)
 
 
 # ------------------------------------------------------------------------- CCL-D R and P
