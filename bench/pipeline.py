@@ -19,7 +19,11 @@ replicas: 4096 ranks at scale 1, the simulator's operation mix, 12 iterations) g
    (``--window-ms 1000``, as ``failslow analyze --window-ms 1000``);
 6. *detect, per group*: as 3 with one group's detectors (``--detectors``,
    :data:`DETECTOR_GROUPS`): the detection stages of ``stages``, each on a core of its own,
-   against 3 (every detector in one group) as their baseline.
+   against 3 (every detector in one group) as their baseline;
+7. *codecs*: the job published again with the other Arrow IPC codec (``lz4`` when the
+   settings say ``zstd``, and the reverse; ``FAILSLOW_KAFKA_COMPRESSION``) and the stages
+   of 6 run on it: per codec the bytes on Kafka, the producer's CPU seconds, and per stage
+   its CPU and decoding seconds per second of trace (``codecs``).
 
 Capacity is a processor's CPU time (all its threads, pinned to one core) per iteration of
 the job, measured as rows over CPU seconds: *overall* (first message to last checkpoint,
@@ -100,7 +104,10 @@ def _simulate(scale: float, iterations: int) -> Any:
     return simulate(sc, 0)
 
 
-def _produce(bootstrap: str, prefix: str, sim: Any) -> dict[str, Any]:
+def _produce(bootstrap: str, prefix: str, sim: Any, codec: str | None = "settings"
+             ) -> dict[str, Any]:
+    """Publish the job's trace as ``failslow replay --asap`` does; ``codec``: the IPC
+    codec (``"settings"``: ``FAILSLOW_KAFKA_COMPRESSION``)."""
     from failslow.replay import replay
     from failslow.stream.kafka import KafkaTransport
 
@@ -108,22 +115,23 @@ def _produce(bootstrap: str, prefix: str, sim: Any) -> dict[str, Any]:
     kinds = list(tables)
     tr = KafkaTransport(bootstrap, topic_prefix=prefix, subscribe=(), partitions=1,
                         on_full="block", max_block_ms=120_000, buffer_memory=256 << 20,
-                        linger_ms=20)
+                        linger_ms=20, ipc_compression=codec)
     try:
         if not tr.wait_connected(60):
             raise RuntimeError(f"Kafka at {bootstrap} is not reachable")
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), time.process_time()
         tr.publish_meta(sim.meta)
         messages = 1
         for now, batch in replay(tables, WINDOW_NS):
             messages += tr.publish_batch(sim.meta.job, batch, watermark=now, kinds=kinds)
         tr.flush(300)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
         stats = tr.stats()
     finally:
         tr.close()
-    return {"messages": messages, "seconds": seconds, "bytes": stats["bytes_sent"],
-            "dropped": stats["dropped"], "errors": stats["errors"], "started": started}
+    return {"messages": messages, "seconds": seconds, "cpu": cpu, "bytes": stats["bytes_sent"],
+            "dropped": stats["dropped"], "errors": stats["errors"], "started": started,
+            "codec": tr.ipc_compression or "none"}
 
 
 _RAW_CONSUMER = """
@@ -354,8 +362,39 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
             "phases": phases,
         })
         figures.update(stage_figures(phases, figures))
+        # 7. the stages again on messages of the other IPC codec (FAILSLOW_KAFKA_COMPRESSION)
+        figures["codecs"] = {produced["codec"]: _codec_figures(produced, phases, figures)}
+        other = "lz4" if produced["codec"] != "lz4" else "zstd"
+        prefix2 = f"bench{uuid.uuid4().hex[:8]}."
+        produced2 = _produce(bootstrap, prefix2, sim, other)
+        phases2: dict[str, dict[str, Any]] = {}
+        for name, phase, _ in STAGES:
+            run_dir = Path(tmp) / f"{other}-{name}"
+            run_dir.mkdir()
+            proc = _processor(bootstrap, prefix2, run_dir, core, "--exit-when-idle", "8",
+                              *runs[phase])
+            phases2[phase] = _phase(_finish(proc, run_dir, 3600), rows, done_iterations,
+                                    ranks, raw_rate)
+        figures["codecs"][other] = _codec_figures(produced2, phases2, figures)
     figures["detector_profile"] = _detector_profile(sim, min(3, done_iterations))
     return figures
+
+
+def _codec_figures(produced: dict[str, Any], phases: dict[str, dict[str, Any]],
+                   figures: dict[str, Any]) -> dict[str, Any]:
+    """One IPC codec: the bytes on Kafka, the producer's CPU seconds (this process: replay
+    and encoding), and per stage its CPU seconds per second of trace, the share of it spent
+    decoding messages, and the ranks one core keeps up with."""
+    trace_s = figures["iterations"] * figures["simulated_iteration_s"]
+    stages = []
+    for name, phase, _ in STAGES:
+        per_trace_s = phases[phase]["cpu_s_per_iteration"] * figures["iterations"] / trace_s
+        decode = phases[phase]["phases_s"].get("decode", 0.0) / trace_s
+        stages.append({"name": name, "cpu_s_per_trace_s": round(per_trace_s, 3),
+                       "decode_cpu_s_per_trace_s": round(decode, 3),
+                       "ranks_per_core": int(figures["ranks"] / max(per_trace_s, 1e-9))})
+    return {"megabytes": round(produced["bytes"] / 1e6, 1),
+            "producer_cpu_s": round(produced["cpu"], 2), "stages": stages}
 
 
 #: One job's detection split over consumer groups, as the README and docker-compose.yml

@@ -83,3 +83,21 @@ def test_stage_figures_keys_and_cores() -> None:
     cheap = {name: {"cpu_s_per_iteration": 0.01} for name in phases}
     # one core per stage when each keeps up with the job on one core
     assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 3
+
+
+def test_codec_figures_per_stage() -> None:
+    """Step 7: per IPC codec, the bytes on Kafka, the producer's CPU and per stage its CPU
+    and decoding seconds per second of trace."""
+    from failslow.bench.pipeline import _codec_figures
+
+    figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
+    phases = {name: {"cpu_s_per_iteration": cpu, "phases_s": {"decode": dec}}
+              for name, cpu, dec in (("store", 0.1, 0.5), ("detect_slowdown", 1.0, 1.0),
+                                     ("detect_hang", 0.25, 0.0))}
+    out = _codec_figures({"bytes": 12_345_678, "cpu": 3.21}, phases, figures)
+    assert out["megabytes"] == 12.3 and out["producer_cpu_s"] == 3.21
+    stages = {s["name"]: s for s in out["stages"]}
+    assert stages["store"]["cpu_s_per_trace_s"] == pytest.approx(0.2)
+    assert stages["store"]["decode_cpu_s_per_trace_s"] == pytest.approx(0.1)
+    assert stages["detect-slowdown"]["ranks_per_core"] == 2048
+    assert stages["detect-hang"]["decode_cpu_s_per_trace_s"] == 0.0
