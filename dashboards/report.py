@@ -419,6 +419,9 @@ def _whatif_html(whatif: dict[str, Any] | None, images: Sequence[Path], reason: 
     if not whatif:
         return ('<div id="whatif" class="placeholder"><p class="muted">Not available: '
                 f"{_e(reason or 'the what-if analysis was not run')}.</p>{note_html}</div>")
+    caveat = (whatif.get("caveat") or {}).get("text")
+    if caveat:
+        note_html += f'<p class="story" id="whatif-caveat">{_e(caveat)}.</p>'
     rows = [("slowdown (actual / straggler-free)", f"{whatif['slowdown']:.3f}x")]
     for k, v in (whatif.get("by_op_type") or {}).items():
         rows.append((f"only {k} slow", f"{v:.3f}x"))

@@ -259,7 +259,22 @@ def analyze_ops(ops: OpTrace, options: Options | None = None) -> dict[str, Any]:
     }
     if step_grid is not None:
         result["per_step_worker_grid"] = _rounded(step_grid)
+    faster = [int(st) for st, x in zip(ops.steps, t_ori / t_ideal, strict=True)
+              if x < 1.0 - IDEAL_SLACK]
+    if mo < mi and faster:
+        result["caveat"] = {
+            "steps_faster_than_ideal": faster,
+            "text": f"the straggler-free simulation is slower than the job: {len(faster)} of "
+                    f"{len(ops.steps)} steps ran faster than it, because the ideal durations "
+                    "(the median of communication over steps, §3.2) take a slowdown that "
+                    "covers most steps for the norm; the slowdown understates it"}
     return result
+
+
+#: With a slowdown below 1, the steps whose simulated original is this much faster than
+#: their straggler-free simulation are named (``caveat``): the idealized durations are
+#: slower than the traced ones there.
+IDEAL_SLACK = 0.05
 
 
 def _explain(tori: float, tideal: float, trem: float, tadd: float) -> dict[str, float]:

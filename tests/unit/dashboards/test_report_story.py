@@ -117,3 +117,12 @@ def test_anomaly_table_names_what_a_revised_report_blamed_first() -> None:
                                       "detected_ns": T0 + 3 * S}})
     html = anomaly_rows([link, _slow("slow-1", 5, 2, 9, 1.4)], T0)
     assert html.count(f"(revised: compute on rank 18 at {rs.wall(T0 + 3 * S)})") == 1
+
+
+def test_whatif_section_says_when_its_slowdown_is_understated() -> None:
+    from failslow.dashboards.report import _whatif_html
+    caveat = {"steps_faster_than_ideal": [2, 3], "text": "the straggler-free simulation is "
+              "slower than the job: 2 of 9 steps ran faster than it"}
+    html = _whatif_html({"slowdown": 0.87, "caveat": caveat}, [], "")
+    assert 'id="whatif-caveat"' in html and "2 of 9 steps ran faster" in html
+    assert "whatif-caveat" not in _whatif_html({"slowdown": 1.2}, [], "")

@@ -79,3 +79,29 @@ def test_without_a_pipeline_the_dp_communicators_place_the_ranks(tmp_path: Path)
     assert diag["whatif"] is not None, diag.get("incomplete")
     assert len(diag["whatif"]["steps"]) >= 10
     assert diag["whatif"]["discrepancy"] < 0.001
+
+
+def test_a_slowdown_covering_most_steps_says_it_is_understated(tmp_path: Path) -> None:
+    """Held-out seed 3 ``link-dp-0`` (pure DP, 32 ranks): the ring hop 31 -> 0 turns 3x
+    slower from step 11 of 29 on. The median of the gradient sync over steps (§3.2) is then
+    the slow one, the straggler-free simulation is slower than the job (S 0.87), and every
+    step before the fault ran faster than its simulation: the result says so."""
+    spec = hg.Spec(tp=1, pp=1, dp=32, iterations=29, forward_ms=3.94431,
+                   backward_ratio=2.08631, last_stage=1.05581, dp_bytes=536870912,
+                   jitter="uniform", jitter_scale=0.05853, comm_jitter="lognormal",
+                   seqlen_sigma=0.02192, gc_prob=0.003125, skew_ms=1.51204,
+                   drift_ppm=61.53784, missing_t_start=0.3, link_rows=True, seed=2099042364,
+                   job="heldout-link-dp-0",
+                   faults=[hg.Fault("communication", 31, peer=0, start=11, factor=3.04263)])
+    hg.write(spec, tmp_path / "dp")
+    whatif = analyze(tmp_path / "dp").to_dict()["whatif"]
+    assert whatif["slowdown"] < 0.95
+    faster = whatif["caveat"]["steps_faster_than_ideal"]
+    assert faster and max(faster) < 11 and "understates" in whatif["caveat"]["text"]
+    # a job whose slowdown is above 1 has no caveat (the test above, same shapes)
+    spec_ok = hg.Spec(tp=1, pp=1, dp=32, iterations=29, forward_ms=3.94431,
+                      dp_bytes=536870912, seed=2099042364, job="heldout-compute",
+                      faults=[hg.Fault("compute", 5, start=11, end=15, factor=1.5)])
+    hg.write(spec_ok, tmp_path / "ok")
+    whatif_ok = analyze(tmp_path / "ok").to_dict()["whatif"]
+    assert whatif_ok["slowdown"] > 1.0 and "caveat" not in whatif_ok
