@@ -320,23 +320,23 @@ class Notifier:
         """The open anomaly now names another root (cause, ranks or link): a *revise* update
         to the receivers that got the trigger, saying what it named before (a root that met
         the onset by chance, replaced by the one that persists; a second straggler or the
-        link of a mixed slow-down found later), and a trigger
-        to the ones the new root routes to (another cause may page another team)."""
+        link of a mixed slow-down found later), and a trigger to the ones the new root
+        routes to (another cause may page another team)."""
         self.stats.revised += 1
         # what the receivers were told last (the detector's ``revised`` is the first report)
         a.extra["revised"] = {**dict(a.extra.get("revised") or {}), **_root(k.anomaly)}
         sev = sev if rank_of(sev) > rank_of(k.severity) else k.severity
-        receivers = self.config.route(k.job, a, sev)
-        new = [r for r in receivers if r not in k.receivers]
-        self._enqueue("revise", k.job, a, sev, cost, k.receivers)
-        self._enqueue("trigger", k.job, a, sev, cost, new)
-        k.severity, k.anomaly, k.updated = sev, a.to_dict(), self.clock()
-        k.receivers = k.receivers + new
+        self._update("revise", k, a, sev, cost)
 
     def _escalate(self, key: str, k: _Known, a: Anomaly, sev: str, cost: float) -> None:
+        self._update("escalate", k, a, sev, cost)
+
+    def _update(self, event: str, k: _Known, a: Anomaly, sev: str, cost: float) -> None:
+        """``event`` to the receivers that got the trigger, and a trigger to the ones the
+        anomaly's routes now add (a higher severity, another cause)."""
         receivers = self.config.route(k.job, a, sev)
         new = [r for r in receivers if r not in k.receivers]
-        self._enqueue("escalate", k.job, a, sev, cost, k.receivers)
+        self._enqueue(event, k.job, a, sev, cost, k.receivers)
         self._enqueue("trigger", k.job, a, sev, cost, new)
         k.severity, k.anomaly, k.updated = sev, a.to_dict(), self.clock()
         k.receivers = k.receivers + new
