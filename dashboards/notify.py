@@ -323,8 +323,7 @@ class Notifier:
         link of a mixed slow-down found later), and a trigger to the ones the new root
         routes to (another cause may page another team)."""
         self.stats.revised += 1
-        # what the receivers were told last (the detector's ``revised`` is the first report)
-        a.extra["revised"] = {**dict(a.extra.get("revised") or {}), **_root(k.anomaly)}
+        a.extra["revised"] = _root(k.anomaly)  # what the receivers were told last
         sev = sev if rank_of(sev) > rank_of(k.severity) else k.severity
         self._update("revise", k, a, sev, cost)
 

@@ -57,6 +57,10 @@ TOP_SHARE = 0.03
 SEQLEN_CORRELATION = 0.9
 #: Per-step worker grids are kept in the result up to this many numbers (steps x workers).
 MAX_STEP_GRID = 50_000
+#: With a slowdown below 1, the steps whose simulated original is this much faster than
+#: their straggler-free simulation are named (``caveat``): the idealized durations are
+#: slower than the traced ones there.
+IDEAL_SLACK = 0.05
 
 
 class WhatIfRefused(WhatIfInputError):
@@ -269,12 +273,6 @@ def analyze_ops(ops: OpTrace, options: Options | None = None) -> dict[str, Any]:
                     "(the median of communication over steps, §3.2) take a slowdown that "
                     "covers most steps for the norm; the slowdown understates it"}
     return result
-
-
-#: With a slowdown below 1, the steps whose simulated original is this much faster than
-#: their straggler-free simulation are named (``caveat``): the idealized durations are
-#: slower than the traced ones there.
-IDEAL_SLACK = 0.05
 
 
 def _explain(tori: float, tideal: float, trem: float, tadd: float) -> dict[str, float]:
