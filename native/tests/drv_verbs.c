@@ -6,16 +6,19 @@
  *   drv_verbs dlvsym   10 chains of 4 RDMA writes x 1000 B (last one signaled), all polled;
  *                      2 more chains not polled (in flight); 3 receives; one failing post;
  *                      then a poster and a poller thread on one more queue pair.
- *   drv_verbs fork     opens a device, forks; the child opens another device and posts for
- *                      a while, then exits without closing: its ring holds only what its
- *                      own sampler thread wrote (the parent's thread does not survive fork).
+ *   drv_verbs fork     opens a device, forks; the child opens another device and posts until
+ *                      its own sampler thread has sampled 8 times (its ring's heartbeat),
+ *                      then exits without closing: its ring holds only what that thread
+ *                      wrote (the parent's thread does not survive fork).
  * Prints one JSON object; the counts are checked against the ring by the test.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "failslow_ring.h"
 #include "verbs_abi.h"
 
 typedef struct ibv_device **(*get_list_fn)(int *);
@@ -104,6 +108,20 @@ static void *poller(void *arg) {
   return NULL;
 }
 
+#define CHILD_SAMPLES 8
+
+/* the ring header's heartbeat_ns of the ring file at path (0 while there is none) */
+static uint64_t heartbeat(const char *path) {
+  uint64_t hb = 0;
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  if (pread(fd, &hb, sizeof(hb), (off_t)offsetof(struct fs_ring_header, heartbeat_ns)) !=
+      (ssize_t)sizeof(hb))
+    hb = 0;
+  close(fd);
+  return hb;
+}
+
 static int fork_mode(void *h) {
   SYM(get_list, get_list_fn, "ibv_get_device_list");
   SYM(open_dev, ibv_open_device_fn, "ibv_open_device");
@@ -125,11 +143,24 @@ static int fork_mode(void *h) {
     attr.send_cq = cq;
     attr.recv_cq = cq;
     struct ibv_qp *qp = create_qp(pd, &attr);
-    for (int i = 0; i < 20; i++) {
+    /* post until the child's own sampler thread has run CHILD_SAMPLES times (its ring's
+     * heartbeat moves at every sample), however slowly it starts (a sanitizer, a busy
+     * machine); give up after about 30 s, the test then fails on the count */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/failslow-%s-%d-verbs.ring", getenv("FAILSLOW_RING_DIR"),
+             getenv("FAILSLOW_JOB"), (int)getpid());
+    uint64_t last = 0;
+    int beats = 0;
+    for (int i = 0; i < 10000 && beats < CHILD_SAMPLES; i++) {
       post_chain(qp, 2, 64, (uint64_t)i * 2);
       if (drain(cq, 1) != 1) _exit(3);
       struct timespec ts = {0, 3000000};
       nanosleep(&ts, NULL);
+      uint64_t hb = heartbeat(path);
+      if (hb != last) {
+        last = hb;
+        beats++;
+      }
     }
     _exit(0); /* no close: nothing but the child's own periodic samples */
   }
