@@ -130,6 +130,9 @@ class ProcessorSettings(BaseModel):
     #: GIL in its sorts and reductions); 0: the cores the process may run on (its CPU
     #: affinity), at most 4; 1: none
     engine_threads: int = Field(default=0, ge=0)
+    #: evidence reducers that share one job's ``coll`` rows in the slow-down detector
+    #: (issue 13; the job meta must list its communicators), 1: one
+    evidence_shards: int = Field(default=1, ge=1)
 
 
 class NotifySettings(BaseModel):
@@ -218,6 +221,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_PLANNER_COSTS": ("processor", "planner_costs"),
     "FAILSLOW_DETECTORS": ("processor", "detectors"),
     "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
+    "FAILSLOW_EVIDENCE_SHARDS": ("processor", "evidence_shards"),
     "FAILSLOW_WEBHOOK_SECRET": ("notify", "webhook_secret"),
     "FAILSLOW_PROMETHEUS_URL": ("notify", "prometheus_url"),
     "FAILSLOW_JOB": ("collector", "job"),

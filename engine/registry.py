@@ -32,7 +32,8 @@ class JobConfig:
     """Settings of the detectors of one job, and which of them run."""
 
     iterations: IterationConfig = field(default_factory=IterationConfig)
-    slowdown: SlowdownConfig = field(default_factory=SlowdownConfig)
+    slowdown: SlowdownConfig = field(default_factory=lambda: SlowdownConfig(
+        shards=get_settings().processor.evidence_shards))
     hang: HangConfig | None = None
     #: degraded links even when the job absorbs them (None: not run)
     linkrate: LinkRateConfig | None = field(default_factory=LinkRateConfig)

@@ -12,14 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.bins import BinTable, _KeyIndex
 from failslow.detectors.slowdown.ccld import CCLDMonitor
 from failslow.detectors.slowdown.comms import CommRegistry
-from failslow.detectors.slowdown.config import RECV, SEND, SPAN_PASSES, SlowdownConfig
-from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
+from failslow.detectors.slowdown.config import SPAN_PASSES, SlowdownConfig
+from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT
 from failslow.detectors.slowdown.links import LinkTracker
-from failslow.detectors.slowdown.rounds import Rounds
+from failslow.detectors.slowdown.reducer import REDUCED_TABLES, Evidence
 from failslow.events import JobMeta
 
 #: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap, HW
@@ -37,9 +36,12 @@ class BinnedStats:
     * ``out_w`` / ``in_w``: waits per (waiter, communicator) and per (communicator,
       waited-on member); ``grp``: rounds, transfer time and ``T_max``/``T_min`` per group
       (communicator, point-to-point pair, (op, bytes) class); ``ccld``: CCL-D's baselines;
-    * ``comp`` / ``passes``: each rank's compute, and per forward / backward pass
-      (:class:`GapTracker`); ``spans``: framework spans when a source has them;
+    * ``comp`` / ``passes``: each rank's compute, and per forward / backward pass;
+      ``spans``: framework spans when a source has them;
     * ``qp``: RDMA queue pairs (:class:`LinkTracker`); ``gpu``: SM clock and throttling.
+
+    The rounds and the gaps (``grp``, ``out_w``, ``in_w``, ``comp``, ``passes``) come from
+    the :class:`~.reducer.EvidenceReducer` s (:meth:`absorb`); the rest is accounted here.
     """
 
     def __init__(self, meta: JobMeta, config: SlowdownConfig, registry: CommRegistry
@@ -47,7 +49,6 @@ class BinnedStats:
         self.meta = meta
         self.config = config
         self.registry = registry
-        self.gaps = GapTracker(meta.microbatches)
         self.links = LinkTracker(meta)
         self.ccld = CCLDMonitor(config)
         self.shift = config.bin_shift
@@ -73,23 +74,29 @@ class BinnedStats:
     def tables(self) -> tuple[BinTable, ...]:
         return tuple(getattr(self, name) for name in TABLE_NAMES)
 
-    def account_rounds(self, r: Rounds) -> None:
-        """Sum a batch of rounds into the bins and the CCL-D baselines."""
-        cls = self.classes_of(r.op, r.nbytes)
-        binr = r.t_end >> self.shift
-        rng = (r.dmax - r.dmin).astype(np.float64)
-        self.grp.add({"bin": binr, "cidx": r.cidx, "group": r.group, "cls": cls,
-                      "n": np.ones(len(r)), "xfer": r.transfer, "dmax": r.dmax,
-                      "dmin": r.dmin, "range": rng, "rdmax": r.dmax, "rdmin": r.dmin})
-        wait = r.m_wait > 0
-        waitee = r.last_rank[r.m_round]
-        mbin = binr[r.m_round]
-        mcidx = r.cidx[r.m_round]
-        self.out_w.add({"bin": mbin[wait], "rank": r.m_rank[wait], "cidx": mcidx[wait],
-                        "w": r.m_wait[wait]})
-        self.in_w.add({"bin": mbin[wait], "cidx": mcidx[wait], "waitee": waitee[wait],
-                       "w": r.m_wait[wait], "n": np.ones(int(wait.sum()))})
-        self.ccld.update(self.ccld_key(r.cidx, r.group, cls), r.t_end, r.dmax, r.dmin)
+    def absorb(self, ev: Evidence) -> None:
+        """Sum reducers' evidence of one batch (:mod:`.reducer`) into the bins and the
+        CCL-D baselines. The round classes get this job's dense ids in one lookup per batch
+        (new ones in key order), so ids do not depend on how many reducers there are; bins
+        finer than the tables' are coarsened (a sum of sums is exact)."""
+        delta = self.shift - ev.shift
+        tables = dict(ev.tables)
+        grp = tables["grp"]
+        if grp:
+            dense = self.classes.lookup(np.concatenate([p["cls"] for p in grp]))
+            ends = np.cumsum([len(p["cls"]) for p in grp])
+            tables["grp"] = [{**p, "cls": c} for p, c in
+                             zip(grp, np.split(dense, ends[:-1]), strict=True)]
+        for name in REDUCED_TABLES:
+            table = getattr(self, name)
+            for cols in tables[name]:
+                if delta:
+                    cols = {**cols, "bin": cols["bin"] >> delta}
+                table.add(cols)
+        r = ev.all_rounds()
+        if len(r):
+            cls = self.classes_of(r.op, r.nbytes)
+            self.ccld.update(self.ccld_key(r.cidx, r.group, cls), r.t_end, r.dmax, r.dmin)
 
     def ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """One int64 per round class: communicator, point-to-point pair (0 for a
@@ -97,34 +104,6 @@ class BinnedStats:
         gid = self.group_ids.lookup(np.asarray(group, dtype=np.int64))
         return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid << 20)
                 | np.asarray(cls, dtype=np.int64))
-
-    def account_gaps(self, coll: pa.Table) -> None:
-        c = coll_columns(coll)
-        op, peer, cr = c["op"], c["peer"], c["comm_rank"]
-        kind = np.zeros(len(op), dtype=np.int64)
-        p = np.flatnonzero((op == SEND) | (op == RECV))
-        if len(p):
-            recv, pp, cc = op[p] == RECV, peer[p], cr[p]
-            # 1 recv from the previous stage, 2 from the next, 3 send to the next, 4 to the
-            # previous (0: a peer equal to oneself)
-            kind[p] = np.where(recv, np.where(pp < cc, 1, np.where(pp > cc, 2, 0)),
-                               np.where(pp > cc, 3, np.where(pp < cc, 4, 0)))
-        # without a pipeline, the tensor-parallel collectives place the passes
-        tp = self.registry.tp_rows(c["comm"]) if self.meta.pp == 1 and self.meta.tp > 1 \
-            else None
-        r, te, gap, passes = self.gaps.update(c["rank"], c["t"], c["is_enter"], kind, tp)
-        if len(r):
-            d = gap.astype(np.float64)
-            # a pure data-parallel job computes in one gap per iteration that ends on the
-            # iteration boundary (the gradient sync's entry), on either side of it by jitter
-            # alone: there a gap counts at its middle. Elsewhere gaps are many and short,
-            # and count at their end (where the wait graph sees the late arrival)
-            at = te - gap // 2 if self.pure_dp else te
-            self.comp.add({"bin": at >> self.shift, "rank": r, "d": d})
-            known = passes > 0
-            if known.any():
-                self.passes.add({"bin": te[known] >> (self.shift + PASS_BIN_SHIFT),
-                                 "rank": r[known], "pass": passes[known], "d": d[known]})
 
     def account_links(self, link: pa.Table) -> None:
         cols = self.links.update(link)

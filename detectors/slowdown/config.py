@@ -95,3 +95,4 @@ class SlowdownConfig:
     #                      are whole bins, and the compute of a 60 ms iteration seen through
     #                      3-4 bins of 17 ms depends on where the edges fall)
     max_pending_age_s: float = 600.0  # incomplete rounds older than this are dropped
+    shards: int = 1  # evidence reducers sharing the job's rows (shards.py; needs meta.comms)

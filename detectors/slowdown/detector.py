@@ -5,6 +5,7 @@ change tracker and lets the anomaly lifecycle decide, on the data before that en
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict
 from typing import Any, ClassVar
@@ -24,10 +25,14 @@ from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import SlowdownConfig
 from failslow.detectors.slowdown.levels import SlowLevel, Window
 from failslow.detectors.slowdown.localizer import Localizer
-from failslow.detectors.slowdown.rounds import RoundJoiner, rounds_table
+from failslow.detectors.slowdown.reducer import Evidence, EvidenceReducer
+from failslow.detectors.slowdown.rounds import rounds_table
+from failslow.detectors.slowdown.shards import ShardRouter
 from failslow.detectors.slowdown.timeline import IterationTimeline
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
+
+log = logging.getLogger(__name__)
 
 
 class SlowdownDetector:
@@ -40,7 +45,9 @@ class SlowdownDetector:
     iteration's end (whole time bins): the diagnosis does not depend on how the records
     were cut into batches, and ``detected_ns`` is the trace time of the evidence.
 
-    Its parts: ``joiner`` (rounds), ``stats`` (the binned evidence), ``timeline`` (the job
+    Its parts: ``reducers`` (the rounds and compute gaps of the rows, :mod:`.reducer`; one
+    per shard of the ranks, ``config.shards``, :mod:`.shards`), ``stats`` (the binned
+    evidence), ``timeline`` (the job
     iterations), ``change`` (the change tracker), ``localizer`` and ``lifecycle`` (the
     anomalies).
 
@@ -59,7 +66,10 @@ class SlowdownDetector:
         self._own_tracker = own_tracker
         self.tracker = IterationTracker(meta) if own_tracker else None
         self.registry = CommRegistry(meta)
-        self.joiner = RoundJoiner(self.registry, int(self.config.max_pending_age_s * 1e9))
+        self.router = ShardRouter(meta, self.config.shards)
+        # the row-level half; the first reducer's communicators are the job's
+        self.reducers = [EvidenceReducer(meta, self.config, self.registry if i == 0 else None)
+                         for i in range(self.router.shards)]
         self.stats = BinnedStats(meta, self.config, self.registry)
         self.change = ChangeTracker(self.config.change)
         self.timeline = IterationTimeline()
@@ -105,11 +115,14 @@ class SlowdownDetector:
         stats = self.stats
         if coll is not None and coll.num_rows:
             self.max_t = max(self.max_t, int(coll_columns(coll)["t"].max()))
-            rounds = self.joiner.update(coll)
+            evidence = Evidence(stats.shift)
+            for reducer, (rows, own_rows) in zip(self.reducers, self.router.split(coll),
+                                                 strict=True):
+                evidence.add(reducer.update(rows, stats.shift, own_rows))
+            stats.absorb(evidence)
+            rounds = evidence.all_rounds()
             if len(rounds):
-                stats.account_rounds(rounds)
                 self.last_rounds = rounds_table(self.meta.job, rounds)
-            stats.account_gaps(coll)
         for kind, fn in (("span", stats.account_spans), ("link", stats.account_links),
                          ("gpu", stats.account_gpu)):
             table = batch.get(kind)
@@ -171,8 +184,9 @@ class SlowdownDetector:
     def snapshot(self) -> dict[str, Any]:
         stats, timeline = self.stats, self.timeline
         return {
-            "registry": self.registry.snapshot(), "joiner": self.joiner.snapshot(),
-            "gaps": stats.gaps.snapshot(), "links": stats.links.snapshot(),
+            **self.reducers[0].snapshot(),
+            "shards": [r.snapshot() for r in self.reducers[1:]],
+            "links": stats.links.snapshot(),
             "ccld": stats.ccld.snapshot(), "shift": stats.shift,
             "tables": {name: getattr(stats, name).snapshot() for name in TABLE_NAMES},
             "classes": [[k & 0xF, k >> 4, i] for k, i in stats.classes.pairs()],
@@ -187,9 +201,15 @@ class SlowdownDetector:
 
     def restore(self, state: dict[str, Any]) -> None:
         stats, timeline = self.stats, self.timeline
-        self.registry.restore(state["registry"])
-        self.joiner.restore(state["joiner"])
-        stats.gaps.restore(state["gaps"])
+        shards = state.get("shards") or []
+        if len(shards) == len(self.reducers) - 1:
+            for reducer, part in zip(self.reducers, [state, *shards], strict=True):
+                reducer.restore(part)
+        else:  # the shard count changed: its rows in flight were routed otherwise
+            log.warning("job %s: a snapshot of %d evidence reducers restored into %d; their "
+                        "incomplete rounds are dropped", self.meta.job, len(shards) + 1,
+                        len(self.reducers))
+            self.registry.restore(state["registry"])
         stats.links.restore(state["links"])
         stats.ccld.restore(state["ccld"])
         stats.shift = int(state["shift"])
