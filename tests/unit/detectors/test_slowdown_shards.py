@@ -115,3 +115,26 @@ def test_a_job_without_communicators_in_its_meta_runs_one_reducer() -> None:
     det = SlowdownDetector(bare, SlowdownConfig(shards=4))
     assert len(det.reducers) == 1
     assert ShardRouter(bare, 4).split(pa.table({"x": [1]}))[0][1] is None
+
+
+def test_the_setting_gives_every_job_of_the_engine_its_reducers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``FAILSLOW_EVIDENCE_SHARDS`` reaches the engine's slow-down detector (online and
+    offline build it alike); the engine's diagnosis stays the same."""
+    from failslow.engine.analyzer import JobAnalyzer
+
+    job = _job("pipeline-compute")
+
+    def diagnose() -> tuple[int, list[dict]]:
+        engine = JobAnalyzer(job.meta)
+        for _, batch in replay(job.tables, 20 * MS):
+            engine.update(batch)
+        return len(engine.slowdown.reducers), [a.to_dict()
+                                               for a in engine.diagnosis().anomalies]
+
+    monkeypatch.delenv("FAILSLOW_EVIDENCE_SHARDS", raising=False)
+    one, expected = diagnose()
+    monkeypatch.setenv("FAILSLOW_EVIDENCE_SHARDS", "3")
+    three, got = diagnose()
+    assert (one, three) == (1, 3)
+    assert expected and got == expected
