@@ -4,12 +4,13 @@ shards.py): any number of shards gives the evidence, the rounds and the diagnosi
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from support.snapshots import roundtrip
-from support.synth_jobs import Fault, generate
+from support.synth_jobs import Fault, Job, generate
 
 from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown import RECV, SEND, SlowdownConfig, SlowdownDetector
@@ -29,17 +30,19 @@ JOBS = {
 }
 
 
-def _job(name: str):
+def _job(name: str) -> Job:
     tp, pp, dp, fault = JOBS[name]
     return generate(tp=tp, pp=pp, dp=dp, iterations=28, faults=[fault], seed=7)
 
 
-def _run(job, shards: int, cut_at: int | None = None):
+def _run(job: Job, shards: int, cut_at: int | None = None
+         ) -> tuple[SlowdownDetector, list[dict[str, Any]], int]:
     """The detector over the job in 20 ms batches; ``cut_at``: snapshot after that many
     batches and go on in a fresh detector restored from it."""
     config = SlowdownConfig(shards=shards)
     det = SlowdownDetector(job.meta, config)
-    reports, rounds = [], 0
+    reports: list[dict[str, Any]] = []
+    rounds = 0
     for i, (_, batch) in enumerate(replay(job.tables, 20 * MS)):
         if cut_at is not None and i == cut_at:
             state = roundtrip(det.snapshot())
@@ -125,7 +128,7 @@ def test_the_setting_gives_every_job_of_the_engine_its_reducers(
 
     job = _job("pipeline-compute")
 
-    def diagnose() -> tuple[int, list[dict]]:
+    def diagnose() -> tuple[int, list[dict[str, Any]]]:
         engine = JobAnalyzer(job.meta)
         for _, batch in replay(job.tables, 20 * MS):
             engine.update(batch)
