@@ -133,6 +133,9 @@ class ProcessorSettings(BaseModel):
     #: evidence reducers that share one job's ``coll`` rows in the slow-down detector
     #: (issue 13; the job meta must list its communicators), 1: one
     evidence_shards: int = Field(default=1, ge=1)
+    #: the evidence reducer's hot loops: ``c`` (the compiled kernels the package builds
+    #: when a C compiler is there, else numpy), ``numpy``, or the path of a kernel library
+    evidence_kernel: str = "c"
 
 
 class NotifySettings(BaseModel):
@@ -222,6 +225,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_DETECTORS": ("processor", "detectors"),
     "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
     "FAILSLOW_EVIDENCE_SHARDS": ("processor", "evidence_shards"),
+    "FAILSLOW_EVIDENCE_KERNEL": ("processor", "evidence_kernel"),
     "FAILSLOW_WEBHOOK_SECRET": ("notify", "webhook_secret"),
     "FAILSLOW_PROMETHEUS_URL": ("notify", "prometheus_url"),
     "FAILSLOW_JOB": ("collector", "job"),

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from failslow.detectors.iterations import rank_time_order
+from failslow.detectors.slowdown.kernel import GapKernel
 from failslow.events import NULL_TIME
 
 #: Pass of a gap (the compute before an operation) in the pipeline schedule.
@@ -34,9 +35,11 @@ class GapTracker:
     then backward on the last); there the first half of the segment's operations (as long
     as the rank's previous such segment) is the first pass."""
 
-    def __init__(self, microbatches: int = 0) -> None:
+    def __init__(self, microbatches: int = 0, kernel: GapKernel | None = None) -> None:
         #: micro-batches per iteration (meta; 0 unknown): the tensor-parallel rule below
         self.microbatches = microbatches
+        #: the C form of :meth:`update` (None: the numpy form below)
+        self.kernel = kernel
         self.last_end = np.zeros(0, dtype=np.int64)
         # per rank, without a pipeline: TP operations since the last other collective, and
         # the length of the latest such run
@@ -70,6 +73,11 @@ class GapTracker:
         order = _rank_time_order(rank, t, is_enter)
         r, tt, en = rank[order], t[order], is_enter[order]
         kind = p2p[order] if p2p is not None else np.zeros(len(r), dtype=np.int64)
+        if self.kernel is not None:
+            pos, gap, passes = self.kernel(r, tt, en, kind, None if tp is None else tp[order],
+                                           self.microbatches, self.last_end, self.ctx,
+                                           self.tp_ctx)
+            return r[pos], tt[pos], gap, passes
         n = len(r)
         pos = np.where(~en, np.arange(n), -1)
         last = np.maximum.accumulate(pos)

@@ -22,6 +22,7 @@ from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND, SlowdownConfig
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
+from failslow.detectors.slowdown.kernel import gap_kernel
 from failslow.detectors.slowdown.rounds import RoundJoiner, Rounds, _concat_rounds
 from failslow.events import JobMeta
 
@@ -69,7 +70,7 @@ class EvidenceReducer:
         self.config = config
         self.registry = registry if registry is not None else CommRegistry(meta)
         self.joiner = RoundJoiner(self.registry, int(config.max_pending_age_s * 1e9))
-        self.gaps = GapTracker(meta.microbatches)
+        self.gaps = GapTracker(meta.microbatches, gap_kernel())
 
     @property
     def pure_dp(self) -> bool:

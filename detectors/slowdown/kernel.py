@@ -1,0 +1,99 @@
+"""The evidence reducer's C kernels (``native/evidence/``), loaded with ctypes, in the
+manner of clickhouse-connect: a C hot path, the numpy form as the fallback, and a parity
+test between them (``tests/unit/detectors/test_gap_kernel.py``).
+
+``setup.py`` builds them into ``_evidence`` beside this module when a C compiler is there.
+``FAILSLOW_EVIDENCE_KERNEL`` (``processor.evidence_kernel``): ``c`` (that library, else
+numpy), ``numpy``, or the path of a kernel library (the tests' AddressSanitizer build)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from failslow.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+_I64 = ctypes.POINTER(ctypes.c_int64)
+_U8 = ctypes.POINTER(ctypes.c_uint8)
+
+
+def built_library() -> Path | None:
+    """The library ``setup.py`` built beside this module, if any."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_evidence{suffix}"
+        if path.exists():
+            return path
+    return None
+
+
+class GapKernel:
+    """``fs_gaps`` of ``native/evidence/gaps.c``: a batch of one job's rows, sorted by
+    (rank, time, ends first), against the per-rank state arrays of a
+    :class:`~failslow.detectors.slowdown.gaps.GapTracker`, which it updates in place."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        if lib.fs_gaps_version() != 1:
+            raise OSError(f"{path}: kernel version {lib.fs_gaps_version()}, expected 1")
+        fn = lib.fs_gaps
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_int64, _I64, _I64, _U8, _I64, _U8, ctypes.c_int64,
+                       _I64, _I64, _I64, _I64, _I64, _I64]
+        self._fn = fn
+
+    def __call__(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray,
+                 kind: np.ndarray, tp: np.ndarray | None, microbatches: int,
+                 last_end: np.ndarray, ctx: np.ndarray, tp_ctx: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row positions, gaps, passes) of the enters with a known end before them."""
+        n = len(rank)
+        for name, state in (("last_end", last_end), ("ctx", ctx), ("tp_ctx", tp_ctx)):
+            if state.dtype != np.int64 or not state.flags.c_contiguous:
+                raise ValueError(f"{name}: a C-contiguous int64 array is needed")
+        if n and int(rank.max()) >= len(last_end):
+            raise ValueError("a rank beyond the state arrays")
+        rank = np.ascontiguousarray(rank, dtype=np.int64)
+        t = np.ascontiguousarray(t, dtype=np.int64)
+        enter = np.ascontiguousarray(is_enter, dtype=np.uint8)
+        kind = np.ascontiguousarray(kind, dtype=np.int64)
+        tp_arr = None if tp is None else np.ascontiguousarray(tp, dtype=np.uint8)
+        pos = np.empty(n, dtype=np.int64)
+        gap = np.empty(n, dtype=np.int64)
+        passes = np.empty(n, dtype=np.int64)
+
+        def i64(a: np.ndarray) -> ctypes._Pointer[ctypes.c_int64]:
+            return a.ctypes.data_as(_I64)
+
+        m = self._fn(n, i64(rank), i64(t), enter.ctypes.data_as(_U8), i64(kind),
+                     None if tp_arr is None else tp_arr.ctypes.data_as(_U8), int(microbatches),
+                     i64(last_end), i64(ctx), i64(tp_ctx), i64(pos), i64(gap), i64(passes))
+        return pos[:m], gap[:m], passes[:m]
+
+
+@functools.cache
+def _load(choice: str) -> GapKernel | None:
+    if choice == "numpy":
+        return None
+    path = built_library() if choice == "c" else Path(choice)
+    if path is None:
+        log.info("no compiled evidence kernel (no C compiler at install): numpy runs")
+        return None
+    try:
+        return GapKernel(path)
+    except (OSError, AttributeError) as e:
+        log.warning("evidence kernel %s does not load (%s): numpy runs", path, e)
+        return None
+
+
+def gap_kernel() -> GapKernel | None:
+    """The kernel the setting chooses (None: the numpy form)."""
+    return _load(get_settings().processor.evidence_kernel)
