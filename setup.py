@@ -7,8 +7,9 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
     "failslow.detectors.slowdown._evidence",
-    sources=["native/evidence/gaps.c"],
+    sources=["native/evidence/gaps.c", "native/evidence/rounds.c"],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror",
                         "-fvisibility=hidden"],
+    libraries=["m"],
     optional=True,
 )])

@@ -51,9 +51,13 @@ from failslow.bench.accuracy_cases import (  # noqa: F401 - the suite's names, a
     suite,
 )
 from failslow.detectors.changepoints import METHODS, detect_changepoints
+from failslow.detectors.slowdown import SlowdownConfig
+from failslow.detectors.slowdown.kernel import gap_kernel
+from failslow.detectors.slowdown.reducer import EvidenceReducer
 from failslow.diagnosis import Anomaly
 from failslow.engine.analyzer import JobAnalyzer
 from failslow.engine.offline import KINDS, run_analyzer
+from failslow.events import JobMeta
 from failslow.replay import replay
 
 CP_MARGIN = 2  # change-point scoring: a detection within this many iterations of the truth
@@ -364,7 +368,10 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
     one thread), so they measure one core's work and do not depend on how busy the machine
     is; ``*_wall_rows_per_s`` gives the wall-clock rate too. Each subject is the engine with
     only that detector enabled (and those it reads); ``slowdown_alone`` is the slow-down
-    detector's own share: the slow-down engine's time less the tracker's."""
+    detector's own share: the slow-down engine's time less the tracker's. ``reducer`` is the
+    slow-down detector's row-level half (rounds and gaps, :mod:`~failslow.detectors.
+    slowdown.reducer`) with its C kernels, ``reducer_numpy`` the same with the numpy forms
+    (``evidence_kernel`` names the library, None when none loads)."""
     from failslow.engine.analyzer import only
     from failslow.simulator import scenario_from_dict, simulate
 
@@ -385,9 +392,11 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
         return pq.read_table(pa.BufferReader(data), use_threads=False)
 
     read_s, read_wall = _best(lambda: read(), 3)
+    kernels = gap_kernel()
     out: dict[str, Any] = {"rows": n, "ranks": sim.meta.world_size,
                            "read_rows_per_s": round(n / read_s),
-                           "read_wall_rows_per_s": round(n / read_wall)}
+                           "read_wall_rows_per_s": round(n / read_wall),
+                           "evidence_kernel": str(kernels.path) if kernels else None}
     for batch_ms in (100.0, 1000.0):
         batches = [b for _, b in replay({"coll": coll}, int(batch_ms * 1e6))]
         subjects: dict[str, Callable[[], Any]] = {
@@ -395,6 +404,8 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
             "slowdown": lambda: only(sim.meta, {"slowdown"}),
             "hang": lambda: only(sim.meta, {"hang"}),
             "job": lambda: JobAnalyzer(sim.meta),
+            "reducer": lambda: _Reducer(sim.meta, native=True),
+            "reducer_numpy": lambda: _Reducer(sim.meta, native=False),
         }
         took: dict[str, tuple[float, float]] = {}
         for name, make in subjects.items():
@@ -409,6 +420,20 @@ def bench_throughput(args: argparse.Namespace) -> dict[str, Any]:
         _record(out, f"slowdown_alone_{int(batch_ms)}ms", n, read_s,
                 (alone[0], alone[1]))
     return out
+
+
+class _Reducer:
+    """The evidence reducer as a benchmark subject (``update(batch)``)."""
+
+    def __init__(self, meta: JobMeta, native: bool) -> None:
+        self.reducer = EvidenceReducer(meta, SlowdownConfig())
+        if not native:
+            self.reducer.joiner.kernel = self.reducer.gaps.kernel = None
+
+    def update(self, batch: dict[str, pa.Table]) -> None:
+        coll = batch.get("coll")
+        if coll is not None:
+            self.reducer.update(coll, SlowdownConfig.bin_shift)
 
 
 def _record(out: dict[str, Any], key: str, n: int, read_s: float,

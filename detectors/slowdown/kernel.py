@@ -1,6 +1,7 @@
 """The evidence reducer's C kernels (``native/evidence/``), loaded with ctypes, in the
 manner of clickhouse-connect: a C hot path, the numpy form as the fallback, and a parity
-test between them (``tests/unit/detectors/test_gap_kernel.py``).
+test between them (``tests/unit/detectors/test_gap_kernel.py``,
+``test_round_kernel.py``).
 
 ``setup.py`` builds them into ``_evidence`` beside this module when a C compiler is there.
 ``FAILSLOW_EVIDENCE_KERNEL`` (``processor.evidence_kernel``): ``c`` (that library, else
@@ -79,6 +80,77 @@ class GapKernel:
         return pos[:m], gap[:m], passes[:m]
 
 
+class RoundKernel:
+    """``fs_rounds`` of ``native/evidence/rounds.c``: the pending member operations and a
+    batch's rows (the :class:`~failslow.detectors.slowdown.rounds.RoundJoiner`'s column
+    layout, one int64 matrix) -> the rounds completed, their members and what stays
+    pending. Its scratch and output buffers are kept between calls and grow with the
+    batches (fresh pages for every batch cost more than the join); results are copies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        if lib.fs_rounds_version() != 1:
+            raise OSError(f"{path}: kernel version {lib.fs_rounds_version()}, expected 1")
+        fn = lib.fs_rounds
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_int64, _I64, ctypes.c_int64, ctypes.c_int64, _I64,
+                       ctypes.c_int64, _I64, _I64, ctypes.POINTER(ctypes.c_double), _I64,
+                       _I64, _I64, _I64]
+        self._fn = fn
+        self._work_of = lib.fs_rounds_work
+        self._work_of.restype = ctypes.c_int64
+        self._work_of.argtypes = [ctypes.c_int64]
+        self._cap = 0
+        self._buf: dict[str, np.ndarray] = {}
+
+    def rows(self, columns: int, n: int) -> np.ndarray:
+        """The input matrix to fill (columns x n), reused between calls."""
+        self._grow(n)
+        return self._buf["rows"][:columns * n].reshape(columns, n)
+
+    def _grow(self, n: int) -> None:
+        if n <= self._cap:
+            return
+        cap = max(n, int(self._cap * 1.5), 1024)
+        self._buf = {"rows": np.empty(13 * cap, dtype=np.int64),
+                     "work": np.empty(int(self._work_of(cap)), dtype=np.int64),
+                     "pend": np.empty(13 * cap, dtype=np.int64),
+                     "rounds": np.empty(13 * cap, dtype=np.int64),
+                     "transfer": np.empty(cap, dtype=np.float64),
+                     "m_round": np.empty(cap, dtype=np.int64),
+                     "m_rank": np.empty(cap, dtype=np.int64),
+                     "m_wait": np.empty(cap, dtype=np.int64)}
+        self._cap = cap
+
+    def __call__(self, rows: np.ndarray, now: int, max_age: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                            np.ndarray]:
+        """``rows``: (13, n) C-contiguous int64 (best :meth:`rows`). Returns the pending
+        operations (13, kept), the rounds (13 columns, r), their transfer times, and the
+        members' round, rank and wait."""
+        if rows.dtype != np.int64 or rows.shape[:1] != (13,) or not rows.flags.c_contiguous:
+            raise ValueError("rows: a C-contiguous (13, n) int64 matrix is needed")
+        n = rows.shape[1]
+        self._grow(n)
+        b = self._buf
+        pend, rounds = b["pend"][:13 * n].reshape(13, n), b["rounds"][:13 * n].reshape(13, n)
+        counts = np.zeros(4, dtype=np.int64)
+
+        def i64(a: np.ndarray) -> ctypes._Pointer[ctypes.c_int64]:
+            return a.ctypes.data_as(_I64)
+
+        if self._fn(n, i64(rows), int(now), int(max_age), i64(b["work"]), len(b["work"]),
+                    i64(pend), i64(rounds),
+                    b["transfer"].ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+                    i64(b["m_round"]), i64(b["m_rank"]), i64(b["m_wait"]), i64(counts)) != 0:
+            raise RuntimeError(f"round kernel: workspace of {len(b['work'])} words, "
+                               f"{int(counts[3])} needed")
+        kept, r, m = (int(x) for x in counts[:3])
+        return (pend[:, :kept].copy(), rounds[:, :r].copy(), b["transfer"][:r].copy(),
+                b["m_round"][:m].copy(), b["m_rank"][:m].copy(), b["m_wait"][:m].copy())
+
+
 @functools.cache
 def _load(choice: str) -> GapKernel | None:
     if choice == "numpy":
@@ -95,5 +167,22 @@ def _load(choice: str) -> GapKernel | None:
 
 
 def gap_kernel() -> GapKernel | None:
-    """The kernel the setting chooses (None: the numpy form)."""
+    """The gap kernel the setting chooses (None: the numpy form)."""
     return _load(get_settings().processor.evidence_kernel)
+
+
+@functools.cache
+def _load_rounds(choice: str) -> RoundKernel | None:
+    gaps = _load(choice)  # logs once why there is none
+    if gaps is None:
+        return None
+    try:
+        return RoundKernel(gaps.path)
+    except (OSError, AttributeError) as e:
+        log.warning("round kernel %s does not load (%s): numpy runs", gaps.path, e)
+        return None
+
+
+def round_kernel() -> RoundKernel | None:
+    """The round kernel the setting chooses (None: the numpy form)."""
+    return _load_rounds(get_settings().processor.evidence_kernel)

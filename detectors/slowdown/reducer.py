@@ -22,7 +22,7 @@ from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND, SlowdownConfig
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
-from failslow.detectors.slowdown.kernel import gap_kernel
+from failslow.detectors.slowdown.kernel import gap_kernel, round_kernel
 from failslow.detectors.slowdown.rounds import RoundJoiner, Rounds, _concat_rounds
 from failslow.events import JobMeta
 
@@ -69,7 +69,8 @@ class EvidenceReducer:
         self.meta = meta
         self.config = config
         self.registry = registry if registry is not None else CommRegistry(meta)
-        self.joiner = RoundJoiner(self.registry, int(config.max_pending_age_s * 1e9))
+        self.joiner = RoundJoiner(self.registry, int(config.max_pending_age_s * 1e9),
+                                  round_kernel())
         self.gaps = GapTracker(meta.microbatches, gap_kernel())
 
     @property

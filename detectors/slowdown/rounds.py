@@ -22,6 +22,7 @@ from failslow.detectors.iterations import (
 )
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND
+from failslow.detectors.slowdown.kernel import RoundKernel
 from failslow.events import NULL_TIME
 
 _POP = ("rank", "comm", "cidx", "cr", "size", "seq", "op", "nbytes", "peer", "te", "tx",
@@ -65,9 +66,12 @@ class RoundJoiner:
     Trace ID). State: the member operations of incomplete rounds, and per point-to-point
     channel the number of calls seen (to match the k-th send with the k-th recv)."""
 
-    def __init__(self, registry: CommRegistry, max_age_ns: int = 600_000_000_000) -> None:
+    def __init__(self, registry: CommRegistry, max_age_ns: int = 600_000_000_000,
+                 kernel: RoundKernel | None = None) -> None:
         self.registry = registry
         self.max_age_ns = max_age_ns
+        #: the C form of the merge and the completion (None: the numpy form below)
+        self.kernel = kernel
         self.pending = _empty_pending()
         self.p2p_keys = np.zeros(0, dtype=np.int64)  # packed (cidx, rank, peer, is_recv)
         self.p2p_counts = np.zeros(0, dtype=np.int64)  # calls seen on that channel
@@ -88,8 +92,28 @@ class RoundJoiner:
             "ts": np.where(is_enter, null, ts_col), "k": np.full(n, -1, dtype=np.int64),
         }
         self._assign_k(new, is_enter)
+        now = int(t.max()) if n else 0
+        if self.kernel is not None:
+            return self._join_in_c(self.kernel, new, now)
         ops = self._merge(new)
-        return self._complete(ops, int(t.max()) if n else 0)
+        return self._complete(ops, now)
+
+    def _join_in_c(self, kernel: RoundKernel, new: dict[str, np.ndarray], now: int
+                   ) -> Rounds:
+        """:meth:`_merge` and :meth:`_complete` in one pass of the C kernel."""
+        p, n = len(self.pending["rank"]), len(new["rank"])
+        rows = kernel.rows(len(_POP), p + n)
+        for i, c in enumerate(_POP):
+            rows[i, :p] = self.pending[c].view(np.int64)
+            rows[i, p:] = new[c].view(np.int64)
+        pend, rnd, transfer, m_round, m_rank, m_wait = kernel(rows, now, self.max_age_ns)
+        self.pending = {c: pend[i] for i, c in enumerate(_POP)}
+        self.pending["comm"] = self.pending["comm"].view(np.uint64)
+        return Rounds(cidx=rnd[0], comm=rnd[1].view(np.uint64), seq=rnd[2], op=rnd[3],
+                      nbytes=rnd[4], members=rnd[5], t_first=rnd[6], t_last=rnd[7],
+                      t_end=rnd[8], last_rank=rnd[9], dmax=rnd[10], dmin=rnd[11],
+                      transfer=transfer, group=rnd[12], m_round=m_round, m_rank=m_rank,
+                      m_wait=m_wait)
 
     def _assign_k(self, new: dict[str, np.ndarray], is_enter: np.ndarray) -> None:
         """k-th call on a (comm, rank, peer, op) point-to-point channel, in seq order; the

@@ -76,10 +76,12 @@ def test_accuracy_bench_small_scale() -> None:
 def test_throughput_bench_small_scale() -> None:
     out = accuracy.bench_throughput(argparse.Namespace(scale=0.1, json=True))
     assert out["rows"] > 1000 and out["read_rows_per_s"] > 0
-    for name in ("tracker", "slowdown", "hang", "job", "slowdown_alone"):
+    for name in ("tracker", "slowdown", "hang", "job", "slowdown_alone", "reducer",
+                 "reducer_numpy"):
         for batch in ("100ms", "1000ms"):
             assert out[f"{name}_{batch}_rows_per_s"] > 0
             assert out[f"{name}_{batch}_wall_rows_per_s"] > 0
             assert 0 < out[f"{name}_{batch}_vs_read"] < 10
     # one core's work: the whole analyzer is slower than any of its parts
     assert out["job_1000ms_rows_per_s"] < out["slowdown_alone_1000ms_rows_per_s"]
+    assert out["evidence_kernel"] is not None  # the package built its kernels here
