@@ -13,6 +13,7 @@ import ctypes
 import functools
 import importlib.machinery
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +81,34 @@ class GapKernel:
         return pos[:m], gap[:m], passes[:m]
 
 
+class RoundWorkspace:
+    """The round kernel's scratch and output buffers for one joiner, kept between its
+    batches (fresh pages for every batch cost more than the join) and growing with them;
+    freed with the joiner."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.buf: dict[str, np.ndarray] = {}
+
+    def ensure(self, n: int, work_words: Callable[[int], int]) -> dict[str, np.ndarray]:
+        if n > self.cap:
+            cap = max(n, int(self.cap * 1.25), 1024)
+            self.buf = {"rows": np.empty(13 * cap, dtype=np.int64),
+                        "work": np.empty(int(work_words(cap)), dtype=np.int64),
+                        "rounds": np.empty(13 * cap, dtype=np.int64),
+                        "transfer": np.empty(cap, dtype=np.float64),
+                        "m_round": np.empty(cap, dtype=np.int64),
+                        "m_rank": np.empty(cap, dtype=np.int64),
+                        "m_wait": np.empty(cap, dtype=np.int64)}
+            self.cap = cap
+        return self.buf
+
+
 class RoundKernel:
     """``fs_rounds`` of ``native/evidence/rounds.c``: the pending member operations and a
     batch's rows (the :class:`~failslow.detectors.slowdown.rounds.RoundJoiner`'s column
     layout, one int64 matrix) -> the rounds completed, their members and what stays
-    pending. Its scratch and output buffers are kept between calls and grow with the
-    batches (fresh pages for every batch cost more than the join); results are copies."""
+    pending (results are copies; the buffers are the caller's :class:`RoundWorkspace`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -101,53 +124,34 @@ class RoundKernel:
         self._work_of = lib.fs_rounds_work
         self._work_of.restype = ctypes.c_int64
         self._work_of.argtypes = [ctypes.c_int64]
-        self._cap = 0
-        self._buf: dict[str, np.ndarray] = {}
 
-    def rows(self, columns: int, n: int) -> np.ndarray:
-        """The input matrix to fill (columns x n), reused between calls."""
-        self._grow(n)
-        return self._buf["rows"][:columns * n].reshape(columns, n)
+    def rows(self, space: RoundWorkspace, n: int) -> np.ndarray:
+        """The (13, n) input matrix to fill, in ``space``."""
+        return space.ensure(n, self._work_of)["rows"][:13 * n].reshape(13, n)
 
-    def _grow(self, n: int) -> None:
-        if n <= self._cap:
-            return
-        cap = max(n, int(self._cap * 1.5), 1024)
-        self._buf = {"rows": np.empty(13 * cap, dtype=np.int64),
-                     "work": np.empty(int(self._work_of(cap)), dtype=np.int64),
-                     "pend": np.empty(13 * cap, dtype=np.int64),
-                     "rounds": np.empty(13 * cap, dtype=np.int64),
-                     "transfer": np.empty(cap, dtype=np.float64),
-                     "m_round": np.empty(cap, dtype=np.int64),
-                     "m_rank": np.empty(cap, dtype=np.int64),
-                     "m_wait": np.empty(cap, dtype=np.int64)}
-        self._cap = cap
-
-    def __call__(self, rows: np.ndarray, now: int, max_age: int
+    def __call__(self, space: RoundWorkspace, n: int, now: int, max_age: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                             np.ndarray]:
-        """``rows``: (13, n) C-contiguous int64 (best :meth:`rows`). Returns the pending
-        operations (13, kept), the rounds (13 columns, r), their transfer times, and the
-        members' round, rank and wait."""
-        if rows.dtype != np.int64 or rows.shape[:1] != (13,) or not rows.flags.c_contiguous:
-            raise ValueError("rows: a C-contiguous (13, n) int64 matrix is needed")
-        n = rows.shape[1]
-        self._grow(n)
-        b = self._buf
-        pend, rounds = b["pend"][:13 * n].reshape(13, n), b["rounds"][:13 * n].reshape(13, n)
+        """Join the ``n`` rows filled into :meth:`rows`. Returns the pending operations
+        (13, kept), the rounds (13 columns, r), their transfer times, and the members'
+        round, rank and wait. The pending operations are written over the input rows (all
+        read before)."""
+        b = space.ensure(n, self._work_of)
+        rows = b["rows"][:13 * n].reshape(13, n)
+        rounds = b["rounds"][:13 * n].reshape(13, n)
         counts = np.zeros(4, dtype=np.int64)
 
         def i64(a: np.ndarray) -> ctypes._Pointer[ctypes.c_int64]:
             return a.ctypes.data_as(_I64)
 
         if self._fn(n, i64(rows), int(now), int(max_age), i64(b["work"]), len(b["work"]),
-                    i64(pend), i64(rounds),
+                    i64(rows), i64(rounds),
                     b["transfer"].ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
                     i64(b["m_round"]), i64(b["m_rank"]), i64(b["m_wait"]), i64(counts)) != 0:
             raise RuntimeError(f"round kernel: workspace of {len(b['work'])} words, "
                                f"{int(counts[3])} needed")
         kept, r, m = (int(x) for x in counts[:3])
-        return (pend[:, :kept].copy(), rounds[:, :r].copy(), b["transfer"][:r].copy(),
+        return (rows[:, :kept].copy(), rounds[:, :r].copy(), b["transfer"][:r].copy(),
                 b["m_round"][:m].copy(), b["m_rank"][:m].copy(), b["m_wait"][:m].copy())
 
 

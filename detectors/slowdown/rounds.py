@@ -22,7 +22,7 @@ from failslow.detectors.iterations import (
 )
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND
-from failslow.detectors.slowdown.kernel import RoundKernel
+from failslow.detectors.slowdown.kernel import RoundKernel, RoundWorkspace
 from failslow.events import NULL_TIME
 
 _POP = ("rank", "comm", "cidx", "cr", "size", "seq", "op", "nbytes", "peer", "te", "tx",
@@ -70,8 +70,10 @@ class RoundJoiner:
                  kernel: RoundKernel | None = None) -> None:
         self.registry = registry
         self.max_age_ns = max_age_ns
-        #: the C form of the merge and the completion (None: the numpy form below)
+        #: the C form of the merge and the completion (None: the numpy form below), and
+        #: its buffers
         self.kernel = kernel
+        self.workspace = RoundWorkspace()
         self.pending = _empty_pending()
         self.p2p_keys = np.zeros(0, dtype=np.int64)  # packed (cidx, rank, peer, is_recv)
         self.p2p_counts = np.zeros(0, dtype=np.int64)  # calls seen on that channel
@@ -102,11 +104,12 @@ class RoundJoiner:
                    ) -> Rounds:
         """:meth:`_merge` and :meth:`_complete` in one pass of the C kernel."""
         p, n = len(self.pending["rank"]), len(new["rank"])
-        rows = kernel.rows(len(_POP), p + n)
+        rows = kernel.rows(self.workspace, p + n)
         for i, c in enumerate(_POP):
             rows[i, :p] = self.pending[c].view(np.int64)
             rows[i, p:] = new[c].view(np.int64)
-        pend, rnd, transfer, m_round, m_rank, m_wait = kernel(rows, now, self.max_age_ns)
+        pend, rnd, transfer, m_round, m_rank, m_wait = kernel(self.workspace, p + n, now,
+                                                              self.max_age_ns)
         self.pending = {c: pend[i] for i, c in enumerate(_POP)}
         self.pending["comm"] = self.pending["comm"].view(np.uint64)
         return Rounds(cidx=rnd[0], comm=rnd[1].view(np.uint64), seq=rnd[2], op=rnd[3],

@@ -51,10 +51,14 @@ static void *take(arena_t *a, size_t words) {
     return p;
 }
 
-/* open addressing over up to 4 int64 key parts; values are dense ids 0..; each slot holds
- * its key parts then its id (-1: empty), so a probe touches one cache line */
+/* open addressing over up to 4 int64 key parts; values are dense ids 0.. in creation order.
+ * A slot is one word: the id + 1 (0: empty) and 32 bits of the key's hash; the keys
+ * themselves lie in creation order beside it. The slots stay small enough for the cache
+ * and a key is read only when its hash bits match (a lookup soon after the insert, as
+ * the end of an operation follows its enter, finds it still cached). */
 typedef struct {
-    int64_t *slots; /* cap * (parts + 1) */
+    uint64_t *slots; /* cap */
+    int64_t *keys;   /* ids * parts */
     size_t cap, parts;
     int64_t n;
 } table_t;
@@ -62,9 +66,10 @@ typedef struct {
 static int table_init(table_t *t, arena_t *a, size_t want, size_t parts) {
     size_t cap = 16;
     while (cap < 2 * want) cap <<= 1;
-    t->slots = take(a, cap * (parts + 1));
-    if (!t->slots) return -1;
-    for (size_t i = 0; i < cap; i++) t->slots[i * (parts + 1) + parts] = -1;
+    t->slots = take(a, cap);
+    t->keys = take(a, (want + 1) * parts);
+    if (!t->slots || !t->keys) return -1;
+    memset(t->slots, 0, cap * sizeof(uint64_t));
     t->cap = cap;
     t->parts = parts;
     t->n = 0;
@@ -74,22 +79,28 @@ static int table_init(table_t *t, arena_t *a, size_t want, size_t parts) {
 /* the id of key (a new one when absent: *fresh set) */
 static int64_t table_get(table_t *t, const int64_t *key, int *fresh) {
     uint64_t h = 0;
-    size_t parts = t->parts, width = parts + 1;
+    size_t parts = t->parts;
     for (size_t j = 0; j < parts; j++) h = mix(h, (uint64_t)key[j]);
+    uint64_t tag = h >> 32;
     size_t mask = t->cap - 1, i = (size_t)h & mask;
     for (;;) {
-        int64_t *slot = t->slots + i * width;
-        if (slot[parts] < 0) {
-            for (size_t j = 0; j < parts; j++) slot[j] = key[j];
-            slot[parts] = t->n++;
+        uint64_t slot = t->slots[i];
+        if (slot == 0) {
+            int64_t id = t->n++;
+            memcpy(t->keys + (size_t)id * parts, key, parts * sizeof(int64_t));
+            t->slots[i] = (tag << 32) | (uint64_t)(id + 1);
             *fresh = 1;
-            return slot[parts];
+            return id;
         }
-        size_t j = 0;
-        while (j < parts && slot[j] == key[j]) j++;
-        if (j == parts) {
-            *fresh = 0;
-            return slot[parts];
+        if ((slot >> 32) == tag) {
+            int64_t id = (int64_t)(slot & 0xffffffffULL) - 1;
+            const int64_t *k = t->keys + (size_t)id * parts;
+            size_t j = 0;
+            while (j < parts && k[j] == key[j]) j++;
+            if (j == parts) {
+                *fresh = 0;
+                return id;
+            }
         }
         i = (i + 1) & mask;
     }
@@ -136,14 +147,17 @@ __attribute__((visibility("default")))
 int64_t fs_rounds_work(int64_t n) {
     size_t cap = 16;
     while (cap < 2 * (size_t)n) cap <<= 1;
-    return (int64_t)(cap * 12 + ((size_t)n + 1) * (FS_COLS + 7 + 10 + 1 + 6) + 64);
+    /* three tables: slots, and keys of 3, 2 and 4 words per id */
+    return (int64_t)(cap * 3 + ((size_t)n + 1) * (3 + 2 + 4) +
+                     ((size_t)n + 1) * (FS_COLS + 7 + 10 + 1 + 6) + 64);
 }
 
 /*
  * rows: FS_COLS x n (row-major by column: rows[c * n + i]). now, max_age: pending
  * operations whose latest time is older than now - max_age are dropped (0: never).
  * work: fs_rounds_work(n) words of scratch space, reused between calls.
- * Outputs, each with room for n: pend (FS_COLS x n), rounds (R_COLS x n), transfer (n),
+ * Outputs, each with room for n: pend (FS_COLS x n; may be rows itself, read before),
+ * rounds (R_COLS x n), transfer (n),
  * m_round / m_rank / m_wait (n). counts[0..2]: pending, rounds, members; counts[3]: the
  * workspace words used. Returns 0, or -1 when the workspace was too small.
  */
