@@ -92,10 +92,9 @@ class RoundWorkspace:
 
     def ensure(self, n: int, work_words: Callable[[int], int]) -> dict[str, np.ndarray]:
         if n > self.cap:
-            cap = max(n, int(self.cap * 1.25), 1024)
+            cap = max(n, int(self.cap * 1.1), 1024)
             self.buf = {"rows": np.empty(13 * cap, dtype=np.int64),
                         "work": np.empty(int(work_words(cap)), dtype=np.int64),
-                        "rounds": np.empty(13 * cap, dtype=np.int64),
                         "transfer": np.empty(cap, dtype=np.float64),
                         "m_round": np.empty(cap, dtype=np.int64),
                         "m_rank": np.empty(cap, dtype=np.int64),
@@ -134,24 +133,23 @@ class RoundKernel:
                             np.ndarray]:
         """Join the ``n`` rows filled into :meth:`rows`. Returns the pending operations
         (13, kept), the rounds (13 columns, r), their transfer times, and the members'
-        round, rank and wait. The pending operations are written over the input rows (all
-        read before)."""
+        round, rank and wait. The pending operations and the rounds are written over the
+        input rows (all read before): the first from the head, the second at the tail."""
         b = space.ensure(n, self._work_of)
         rows = b["rows"][:13 * n].reshape(13, n)
-        rounds = b["rounds"][:13 * n].reshape(13, n)
         counts = np.zeros(4, dtype=np.int64)
 
         def i64(a: np.ndarray) -> ctypes._Pointer[ctypes.c_int64]:
             return a.ctypes.data_as(_I64)
 
         if self._fn(n, i64(rows), int(now), int(max_age), i64(b["work"]), len(b["work"]),
-                    i64(rows), i64(rounds),
+                    i64(rows), i64(rows),
                     b["transfer"].ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
                     i64(b["m_round"]), i64(b["m_rank"]), i64(b["m_wait"]), i64(counts)) != 0:
             raise RuntimeError(f"round kernel: workspace of {len(b['work'])} words, "
                                f"{int(counts[3])} needed")
         kept, r, m = (int(x) for x in counts[:3])
-        return (rows[:, :kept].copy(), rounds[:, :r].copy(), b["transfer"][:r].copy(),
+        return (rows[:, :kept].copy(), rows[:, n - r:].copy(), b["transfer"][:r].copy(),
                 b["m_round"][:m].copy(), b["m_rank"][:m].copy(), b["m_wait"][:m].copy())
 
 

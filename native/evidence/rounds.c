@@ -157,7 +157,8 @@ int64_t fs_rounds_work(int64_t n) {
  * operations whose latest time is older than now - max_age are dropped (0: never).
  * work: fs_rounds_work(n) words of scratch space, reused between calls.
  * Outputs, each with room for n: pend (FS_COLS x n; may be rows itself, read before),
- * rounds (R_COLS x n), transfer (n),
+ * rounds (R_COLS x n, written in columns n - r .. n - 1: it may be pend's buffer too, as
+ * r + kept <= n), transfer (n),
  * m_round / m_rank / m_wait (n). counts[0..2]: pending, rounds, members; counts[3]: the
  * workspace words used. Returns 0, or -1 when the workspace was too small.
  */
@@ -205,9 +206,10 @@ int fs_rounds(int64_t n, const int64_t *rows, int64_t now, int64_t max_age,
     r_send = take(a, un); r_minrank = take(a, un); r_size = take(a, un);
     if (!op_round || !r_first || !r_count || !r_valid || !r_send || !r_minrank || !r_size)
         goto out;
-    memset(r_count, 0, un * sizeof(int64_t));
-    memset(r_valid, 0, un * sizeof(int64_t));
-    memset(r_send, 0, un * sizeof(int64_t));
+    /* round ids run up to nops - 1 (point-to-point ones count down from there) */
+    memset(r_count, 0, (size_t)nops * sizeof(int64_t));
+    memset(r_valid, 0, (size_t)nops * sizeof(int64_t));
+    memset(r_send, 0, (size_t)nops * sizeof(int64_t));
     /* round ids: collectives 0.., point-to-point from nops down (kept apart) */
     int64_t ncoll_r = 0, np2p_r = 0;
     for (int64_t o = 0; o < nops; o++) {
@@ -249,7 +251,7 @@ int fs_rounds(int64_t n, const int64_t *rows, int64_t now, int64_t max_age,
     done_p = take(a, (size_t)(np2p_r + 1) * (sizeof(sortkey_t) / sizeof(int64_t)));
     done = take(a, un);
     if (!done_c || !done_p || !done) goto out;
-    memset(done, 0, un * sizeof(int64_t));
+    memset(done, 0, (size_t)nops * sizeof(int64_t));
     int64_t nc = 0, np = 0;
     for (int64_t r = 0; r < ncoll_r; r++) {
         if (r_valid[r] == r_size[r] && r_count[r] == r_valid[r]) {
@@ -276,7 +278,7 @@ int fs_rounds(int64_t n, const int64_t *rows, int64_t now, int64_t max_age,
     r_fill = take(a, un);
     out_of = take(a, un); /* round -> output index */
     if (!r_off || !r_fill || !out_of) goto out;
-    memset(r_fill, 0, un * sizeof(int64_t));
+    memset(r_fill, 0, (size_t)(nc + np) * sizeof(int64_t));
     int64_t total = 0;
     for (int64_t g = 0; g < nc + np; g++) {
         int64_t r = g < nc ? done_c[g].id : done_p[g - nc].id;
@@ -299,7 +301,10 @@ int fs_rounds(int64_t n, const int64_t *rows, int64_t now, int64_t max_age,
 
     /* 4. round statistics (rounds.py _rounds) */
     int64_t *rc_[R_COLS];
-    for (int c = 0; c < R_COLS; c++) rc_[c] = rounds + (size_t)c * (size_t)n;
+    /* the rounds go to the tail of their columns (n - rounds .. n - 1): the pending
+     * operations, fewer than the rest, may then share the buffer from its head */
+    size_t tail = (size_t)(n - (nc + np));
+    for (int c = 0; c < R_COLS; c++) rc_[c] = rounds + (size_t)c * (size_t)n + tail;
     /* the sort columns of the members: rank (collectives), op (send first) */
     rank_of = take(a, un);
     op_of = take(a, un);
