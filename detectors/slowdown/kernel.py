@@ -15,6 +15,7 @@ import importlib.machinery
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,20 @@ def built_library() -> Path | None:
     return None
 
 
+def _kernel_function(path: Path, name: str, restype: Any, argtypes: list[Any]
+                     ) -> tuple[ctypes.CDLL, Any]:
+    """The library at ``path`` and its function ``name``, typed, after checking that its
+    ``<name>_version()`` is the one this module speaks (OSError otherwise)."""
+    lib = ctypes.CDLL(str(path))
+    version = getattr(lib, f"{name}_version")()
+    if version != 1:
+        raise OSError(f"{path}: {name} version {version}, expected 1")
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return lib, fn
+
+
 class GapKernel:
     """``fs_gaps`` of ``native/evidence/gaps.c``: a batch of one job's rows, sorted by
     (rank, time, ends first), against the per-rank state arrays of a
@@ -43,14 +58,9 @@ class GapKernel:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        lib = ctypes.CDLL(str(path))
-        if lib.fs_gaps_version() != 1:
-            raise OSError(f"{path}: kernel version {lib.fs_gaps_version()}, expected 1")
-        fn = lib.fs_gaps
-        fn.restype = ctypes.c_int64
-        fn.argtypes = [ctypes.c_int64, _I64, _I64, _U8, _I64, _U8, ctypes.c_int64,
-                       _I64, _I64, _I64, _I64, _I64, _I64]
-        self._fn = fn
+        _, self._fn = _kernel_function(path, "fs_gaps", ctypes.c_int64, [
+            ctypes.c_int64, _I64, _I64, _U8, _I64, _U8, ctypes.c_int64,
+            _I64, _I64, _I64, _I64, _I64, _I64])
 
     def __call__(self, rank: np.ndarray, t: np.ndarray, is_enter: np.ndarray,
                  kind: np.ndarray, tp: np.ndarray | None, microbatches: int,
@@ -111,15 +121,9 @@ class RoundKernel:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        lib = ctypes.CDLL(str(path))
-        if lib.fs_rounds_version() != 1:
-            raise OSError(f"{path}: kernel version {lib.fs_rounds_version()}, expected 1")
-        fn = lib.fs_rounds
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int64, _I64, ctypes.c_int64, ctypes.c_int64, _I64,
-                       ctypes.c_int64, _I64, _I64, ctypes.POINTER(ctypes.c_double), _I64,
-                       _I64, _I64, _I64]
-        self._fn = fn
+        lib, self._fn = _kernel_function(path, "fs_rounds", ctypes.c_int, [
+            ctypes.c_int64, _I64, ctypes.c_int64, ctypes.c_int64, _I64, ctypes.c_int64,
+            _I64, _I64, ctypes.POINTER(ctypes.c_double), _I64, _I64, _I64, _I64])
         self._work_of = lib.fs_rounds_work
         self._work_of.restype = ctypes.c_int64
         self._work_of.argtypes = [ctypes.c_int64]

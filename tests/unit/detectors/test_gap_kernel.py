@@ -5,16 +5,13 @@ AddressSanitizer; and the installed package carries the built kernel."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.native import build_or_skip
+from support.native import build_or_skip, run_under_asan
 from support.synth_jobs import Fault, generate
 
 from failslow.detectors.slowdown import SlowdownConfig
@@ -123,19 +120,10 @@ _ASAN_SCRIPT = textwrap.dedent("""
 def test_the_kernel_under_address_sanitizer(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The same parity in a child process with the kernel built with ASan and UBSan (the
     sanitizer runtime preloaded, as for the native collectors)."""
-    from failslow.collectors.native_build import sanitizer_runtime
-
     build = build_or_skip(tmp_path_factory, "asan")
-    runtime = sanitizer_runtime("asan")
-    assert runtime is not None
     tests = str(Path(__file__).resolve().parents[2])
-    script = _ASAN_SCRIPT.format(tests=tests, lib=str(build / "libfailslow_evidence.so"))
-    env = {**os.environ, "LD_PRELOAD": runtime,
-           "ASAN_OPTIONS": "detect_leaks=0:exitcode=66",
-           "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=240, check=False)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    run_under_asan(_ASAN_SCRIPT.format(tests=tests,
+                                       lib=str(build / "libfailslow_evidence.so")))
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
