@@ -143,8 +143,9 @@ _ASAN_SCRIPT = textwrap.dedent("""
 
 
 def test_the_kernel_under_address_sanitizer(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The same parity in a child process with the kernel built with ASan and UBSan (leaks
-    checked too: the kernel frees what it allocates)."""
+    """The same parity in a child process with the kernel built with ASan and UBSan (the
+    kernel allocates nothing: its workspace is the caller's, so every write is checked
+    against it)."""
     build = build_or_skip(tmp_path_factory, "asan")
     tests = str(Path(__file__).resolve().parents[2])
     run_under_asan(_ASAN_SCRIPT.format(tests=tests,
