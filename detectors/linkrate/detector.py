@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from failslow.detectors.base import EventBatch
 from failslow.detectors.linkrate.config import LinkRateConfig
 from failslow.detectors.linkrate.jobcost import job_cost, job_slowed
-from failslow.detectors.linkrate.queues import QueueTracker
+from failslow.detectors.linkrate.queues import QueueTracker, QueueWindows
 from failslow.detectors.linkrate.samples import SampleExtractor
 from failslow.diagnosis import Anomaly
 from failslow.events import NULL_TIME, JobMeta
@@ -72,8 +72,7 @@ class LinkRateDetector:
         self.iters = np.zeros((0, 2), dtype=np.int64)  # job iterations: t_start, duration
         self.lk: dict[str, np.ndarray] = {}
         self._grow_links(0)
-        self.q: dict[str, np.ndarray] = {}
-        self._grow_queues(0)
+        self.qwin = QueueWindows(c.baseline_windows, c.persist_windows)
         self.open: dict[str, dict[str, Any]] = {}  # key -> {"anomaly": dict, "links": [...]}
         self.deferred: dict[str, int] = {}  # key -> window its links first persisted
         self.next_id = 0
@@ -113,7 +112,7 @@ class LinkRateDetector:
             if not self.width:
                 return []
         self._grow_links(len(self.samples.links))
-        self._grow_queues(len(self.queues.index))
+        self.qwin.grow(len(self.queues.index))
         out: list[Anomaly] = []
         while self.origin + (self.next_w + 2) * self.width <= self.max_t:
             out += self._close_window(self.next_w, self.known())
@@ -164,23 +163,10 @@ class LinkRateDetector:
         self.lk = fresh if not self.lk else {k: np.concatenate([self.lk[k], v])
                                              for k, v in fresh.items()}
 
-    def _grow_queues(self, n: int) -> None:
-        """Per queue pair: its baseline (in-flight x time and time over its first
-        ``baseline_windows`` sampled windows) and its last ``persist_windows`` windows."""
-        have = len(self.q.get("bn", ()))
-        if n <= have and self.q:
-            return
-        m, k = n - have, self.config.persist_windows
-        fresh = {"blt": np.zeros(m), "bdt": np.zeros(m), "bn": np.zeros(m, np.int64),
-                 "rlt": np.zeros((m, k)), "rdt": np.zeros((m, k)),
-                 "rw": np.full((m, k), -(1 << 40), np.int64)}
-        self.q = fresh if not self.q else {key: np.concatenate([self.q[key], v])
-                                           for key, v in fresh.items()}
-
     def _close_window(self, w: int, others: list[Anomaly]) -> list[Anomaly]:
         c, lk = self.config, self.lk
         lo, hi = self.origin + w * self.width, self.origin + (w + 1) * self.width
-        self._queue_window(w, lo, hi)
+        self.qwin.account(w, self.qpending, lo, hi)
         p = self.pending
         sel = (p["t"] >= lo) & (p["t"] < hi)
         ring_here = np.unique(p["rnd"][sel & (p["rnd"] >= 0)])
@@ -257,51 +243,20 @@ class LinkRateDetector:
         lk["base"][done] = np.median(lk["buf"][done], axis=1)
         return self._decide(w, hi, others)
 
-    def _queue_window(self, w: int, lo: int, hi: int) -> None:
-        qp = self.qpending
-        sel = (qp["t"] > lo) & (qp["t"] <= hi)
-        if not sel.any():
-            return
-        q, n = self.q, len(self.q["bn"])
-        lt = np.bincount(qp["qp"][sel], qp["lt"][sel], n)
-        dt = np.bincount(qp["qp"][sel], qp["dt"][sel], n)
-        has = np.flatnonzero(dt > 0)
-        slot = w % self.config.persist_windows
-        q["rlt"][has, slot] = lt[has]
-        q["rdt"][has, slot] = dt[has]
-        q["rw"][has, slot] = w
-        learn = has[q["bn"][has] < self.config.baseline_windows]
-        q["blt"][learn] += lt[learn]
-        q["bdt"][learn] += dt[learn]
-        q["bn"][learn] += 1
-
     def _queue_growth(self, lid: int, w: int) -> tuple[float, bool] | None:
         """VCCL's queue condition for a link: over its degraded windows among the last
         ``persist_windows`` (not the healthy ones before its onset), the time-averaged
         in-flight work requests of its ends' queue pairs towards each other's node against
         their baseline -- (largest growth, whether one grew); None when no such queue pair
         was sampled (coll timing decides alone)."""
-        c, q = self.config, self.q
-        if not self.queues.seen or not len(q["bn"]):
+        if not self.queues.seen or not len(self.qwin):
             return None
         first = int(self.lk["bad_first"][lid])
         onset = (first - self.origin) // self.width if first != NULL_TIME else w
         _, a, b, _, _ = self.samples.links.rows[lid]
         node = self.meta.node_of
-        best: tuple[float, bool] | None = None
-        for k in (self.queues.qp_of(a, node(b)), self.queues.qp_of(b, node(a))):
-            if k < 0 or k >= len(q["bn"]) or q["bn"][k] < min(c.baseline_windows, 3):
-                continue
-            recent = (q["rw"][k] > w - c.persist_windows) & (q["rw"][k] >= onset)
-            dt = float(q["rdt"][k][recent].sum())
-            if dt <= 0:
-                continue
-            occ, base = float(q["rlt"][k][recent].sum()) / dt, float(q["blt"][k] / q["bdt"][k])
-            g = (occ + 0.05) / (base + 0.05)
-            grown = occ >= c.queue_factor * base + c.queue_abs
-            if best is None or (grown, g) > (best[1], best[0]):
-                best = (g, grown)
-        return best
+        return self.qwin.growth([self.queues.qp_of(a, node(b)), self.queues.qp_of(b, node(a))],
+                                w, onset, self.config.queue_factor, self.config.queue_abs)
 
     # ------------------------------------------------------------------ anomalies
 
@@ -599,7 +554,7 @@ class LinkRateDetector:
                 "qpending": {k: v.copy() for k, v in self.qpending.items()},
                 "iters": self.iters.copy(),
                 "links": {k: v.copy() for k, v in self.lk.items()},
-                "q": {k: v.copy() for k, v in self.q.items()},
+                "q": self.qwin.snapshot(),
                 "open": self.open, "deferred": self.deferred, "next_id": self.next_id}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -623,10 +578,7 @@ class LinkRateDetector:
                 lk[k] = np.array(v, dtype=np.int64)
         lk.setdefault("strong", np.zeros(len(lk["hist"]), np.int64))  # older snapshots
         self.lk = lk
-        k = self.config.persist_windows
-        self.q = {key: (np.array(v, dtype=np.int64 if key in ("bn", "rw") else np.float64)
-                        .reshape((-1, k) if key.startswith("r") else (-1,)))
-                  for key, v in state["q"].items()}
+        self.qwin.restore(state["q"])
         self.open = {str(k): dict(v) for k, v in state["open"].items()}
         self.deferred = {str(k): int(v) for k, v in state["deferred"].items()}
         self.next_id = int(state["next_id"])

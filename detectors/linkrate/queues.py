@@ -83,3 +83,79 @@ class QueueTracker:
         self.index = {(int(r), str(n)): int(q) for r, n, q in state["index"]}
         self.last = np.array(state["last"], dtype=np.int64).reshape(-1, 3)
         self.seen = bool(state["seen"])
+
+
+class QueueWindows:
+    """Per queue pair, what the link-rate windows saw (VCCL's queue condition): the
+    baseline in-flight x time and time over its first ``baseline_windows`` sampled windows,
+    and its last ``persist_windows`` windows (in a ring by window number)."""
+
+    def __init__(self, baseline_windows: int, persist_windows: int) -> None:
+        self.baseline_windows = baseline_windows
+        self.persist_windows = persist_windows
+        self.q: dict[str, np.ndarray] = {}
+        self.grow(0)
+
+    def __len__(self) -> int:
+        return len(self.q["bn"])
+
+    def grow(self, n: int) -> None:
+        """Room for ``n`` queue pairs."""
+        have = len(self.q.get("bn", ()))
+        if n <= have and self.q:
+            return
+        m, k = n - have, self.persist_windows
+        fresh = {"blt": np.zeros(m), "bdt": np.zeros(m), "bn": np.zeros(m, np.int64),
+                 "rlt": np.zeros((m, k)), "rdt": np.zeros((m, k)),
+                 "rw": np.full((m, k), -(1 << 40), np.int64)}
+        self.q = fresh if not self.q else {key: np.concatenate([self.q[key], v])
+                                           for key, v in fresh.items()}
+
+    def account(self, w: int, pending: dict[str, np.ndarray], lo: int, hi: int) -> None:
+        """The samples of ``pending`` in ``(lo, hi]`` as window ``w``."""
+        sel = (pending["t"] > lo) & (pending["t"] <= hi)
+        if not sel.any():
+            return
+        q, n = self.q, len(self)
+        lt = np.bincount(pending["qp"][sel], pending["lt"][sel], n)
+        dt = np.bincount(pending["qp"][sel], pending["dt"][sel], n)
+        has = np.flatnonzero(dt > 0)
+        slot = w % self.persist_windows
+        q["rlt"][has, slot] = lt[has]
+        q["rdt"][has, slot] = dt[has]
+        q["rw"][has, slot] = w
+        learn = has[q["bn"][has] < self.baseline_windows]
+        q["blt"][learn] += lt[learn]
+        q["bdt"][learn] += dt[learn]
+        q["bn"][learn] += 1
+
+    def growth(self, qps: list[int], w: int, onset: int, factor: float, floor: float
+               ) -> tuple[float, bool] | None:
+        """Over the windows of the last ``persist_windows`` from ``onset`` on, the
+        time-averaged in-flight work requests of the queue pairs ``qps`` against their
+        baseline: (largest growth, whether one grew by ``factor`` and ``floor``); None when
+        none of them was sampled enough."""
+        q = self.q
+        best: tuple[float, bool] | None = None
+        for k in qps:
+            if k < 0 or k >= len(self) or q["bn"][k] < min(self.baseline_windows, 3):
+                continue
+            recent = (q["rw"][k] > w - self.persist_windows) & (q["rw"][k] >= onset)
+            dt = float(q["rdt"][k][recent].sum())
+            if dt <= 0:
+                continue
+            occ, base = float(q["rlt"][k][recent].sum()) / dt, float(q["blt"][k] / q["bdt"][k])
+            g = (occ + 0.05) / (base + 0.05)
+            grown = occ >= factor * base + floor
+            if best is None or (grown, g) > (best[1], best[0]):
+                best = (g, grown)
+        return best
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.q.items()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        k = self.persist_windows
+        self.q = {key: (np.array(v, dtype=np.int64 if key in ("bn", "rw") else np.float64)
+                        .reshape((-1, k) if key.startswith("r") else (-1,)))
+                  for key, v in state.items()}
