@@ -82,7 +82,9 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
 
 Modules, in the order of the pipeline: :mod:`.config` (settings), :mod:`.comms`
 (communicators), :mod:`.rounds` (1), :mod:`.bins` (time-binned tables), :mod:`.gaps`,
-:mod:`.links` and :mod:`.accounting` (2-3), :mod:`.ccld` (CCL-D's monitor, R and P),
+:mod:`.links` and :mod:`.accounting` (2-3), :mod:`.reducer` (1-3 for the rows one
+evidence reducer is given), :mod:`.shards` (which rows, when several reducers share a
+job), :mod:`.kernel` (the C forms of 1 and 3), :mod:`.ccld` (CCL-D's monitor, R and P),
 :mod:`.timeline` and :mod:`.levels` (job iterations, slow levels, windows),
 :mod:`.anomalies` (5), :mod:`.localizer` with :mod:`.communication`, :mod:`.compute`,
 :mod:`.wait_graph` and :mod:`.attribution` (6), and :mod:`.detector`

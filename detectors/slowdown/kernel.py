@@ -71,8 +71,8 @@ class GapKernel:
         for name, state in (("last_end", last_end), ("ctx", ctx), ("tp_ctx", tp_ctx)):
             if state.dtype != np.int64 or not state.flags.c_contiguous:
                 raise ValueError(f"{name}: a C-contiguous int64 array is needed")
-        if n and int(rank.max()) >= len(last_end):
-            raise ValueError("a rank beyond the state arrays")
+        if n and (int(rank.min()) < 0 or int(rank.max()) >= len(last_end)):
+            raise ValueError("a rank outside the state arrays")  # the C loop indexes by rank
         rank = np.ascontiguousarray(rank, dtype=np.int64)
         t = np.ascontiguousarray(t, dtype=np.int64)
         enter = np.ascontiguousarray(is_enter, dtype=np.uint8)

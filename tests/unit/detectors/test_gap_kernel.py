@@ -134,3 +134,16 @@ def test_the_installed_package_carries_the_built_kernel() -> None:
     path = built_library()
     assert path is not None
     GapKernel(path)
+
+
+def test_a_rank_outside_the_state_arrays_is_refused_before_the_c_loop(
+        kernel: GapKernel) -> None:
+    """The C loop indexes the per-rank state by rank: a rank it has no row for must not
+    reach it (the contract refuses negative ranks; this is the last guard)."""
+    g = GapTracker(0, kernel)
+    g._grow(4)
+    one = np.ones(1, dtype=np.int64)
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match="outside the state arrays"):
+            kernel(one * bad, one, np.ones(1, dtype=bool), one * 0, None, 0,
+                   g.last_end, g.ctx, g.tp_ctx)
