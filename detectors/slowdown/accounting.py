@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from failslow.detectors.slowdown.bins import BinTable, _KeyIndex
 from failslow.detectors.slowdown.ccld import CCLDMonitor
 from failslow.detectors.slowdown.comms import CommRegistry
-from failslow.detectors.slowdown.config import SPAN_PASSES, SlowdownConfig
+from failslow.detectors.slowdown.config import SPAN_PASSES, SlowdownConfig, pure_dp
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT
 from failslow.detectors.slowdown.links import LinkTracker
 from failslow.detectors.slowdown.reducer import REDUCED_TABLES, Evidence
@@ -67,8 +67,8 @@ class BinnedStats:
 
     @property
     def pure_dp(self) -> bool:
-        """No tensor, pipeline or context parallelism: a pure data-parallel job."""
-        return max(self.meta.tp, self.meta.pp, self.meta.cp) <= 1
+        """No tensor, pipeline or context parallelism (:func:`.config.pure_dp`)."""
+        return pure_dp(self.meta)
 
     @property
     def tables(self) -> tuple[BinTable, ...]:

@@ -14,6 +14,11 @@ KIND_STAGE = {"pp": "pp_p2p", "dp": "dp_sync", "tp": "tp_collective", "cp": "tp_
 SPAN_PASSES = ("forward-compute", "backward-compute")
 
 
+def pure_dp(meta: events.JobMeta) -> bool:
+    """No tensor, pipeline or context parallelism: a pure data-parallel job."""
+    return max(meta.tp, meta.pp, meta.cp) <= 1
+
+
 @dataclass
 class SlowdownConfig:
     """Settings of :class:`SlowdownDetector`."""

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.comms import CommRegistry
-from failslow.detectors.slowdown.config import RECV, SEND, SlowdownConfig
+from failslow.detectors.slowdown.config import RECV, SEND, SlowdownConfig, pure_dp
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
 from failslow.detectors.slowdown.kernel import gap_kernel, round_kernel
 from failslow.detectors.slowdown.rounds import RoundJoiner, Rounds, _concat_rounds
@@ -55,10 +55,6 @@ class Evidence:
     def all_rounds(self) -> Rounds:
         return _concat_rounds([r for r in self.rounds if len(r)])
 
-    def row_count(self) -> int:
-        """Bin rows carried (before they are summed per key and bin)."""
-        return sum(len(cols["bin"]) for parts in self.tables.values() for cols in parts)
-
 
 class EvidenceReducer:
     """Rounds and compute gaps of the ``coll`` rows it is given, as bin rows (module
@@ -72,11 +68,6 @@ class EvidenceReducer:
         self.joiner = RoundJoiner(self.registry, int(config.max_pending_age_s * 1e9),
                                   round_kernel())
         self.gaps = GapTracker(meta.microbatches, gap_kernel())
-
-    @property
-    def pure_dp(self) -> bool:
-        """No tensor, pipeline or context parallelism: a pure data-parallel job."""
-        return max(self.meta.tp, self.meta.pp, self.meta.cp) <= 1
 
     def update(self, coll: pa.Table, shift: int, gap_rows: pa.Table | None = None
                ) -> Evidence:
@@ -135,7 +126,7 @@ class EvidenceReducer:
         # iteration boundary (the gradient sync's entry), on either side of it by jitter
         # alone: there a gap counts at its middle. Elsewhere gaps are many and short, and
         # count at their end (where the wait graph sees the late arrival)
-        at = te - gap // 2 if self.pure_dp else te
+        at = te - gap // 2 if pure_dp(self.meta) else te
         ev.tables["comp"].append({"bin": at >> ev.shift, "rank": r, "d": d})
         known = passes > 0
         if known.any():
