@@ -6,7 +6,8 @@
  *   drv_verbs dlvsym   10 chains of 4 RDMA writes x 1000 B (last one signaled), all polled;
  *                      2 more chains not polled (in flight); 3 receives; one failing post;
  *                      then a poster and a poller thread on one more queue pair.
- *   drv_verbs fork     opens a device, forks; the child opens another device and posts until
+ *   drv_verbs fork     opens a device, waits for its sampler's first sample, forks; the child
+ *                      opens another device and posts until
  *                      its own sampler thread has sampled 8 times (its ring's heartbeat),
  *                      then exits without closing: its ring holds only what that thread
  *                      wrote (the parent's thread does not survive fork).
@@ -132,6 +133,17 @@ static int fork_mode(void *h) {
   int n = 0;
   struct ibv_device **devs = get_list(&n);
   struct ibv_context *ctx = open_dev(devs[0]); /* the parent's sampler thread starts */
+  /* fork only once that thread has sampled: gcc 12's ASan runtime does not hold its allocator
+   * locks across fork(), so a thread still starting (ASan allocates its thread state) at
+   * fork() would leave the child's allocator locked and the child's own sampler stuck. glibc's
+   * malloc, which production uses, takes its locks across fork(). */
+  char mine[4096];
+  snprintf(mine, sizeof(mine), "%s/failslow-%s-%d-verbs.ring", getenv("FAILSLOW_RING_DIR"),
+           getenv("FAILSLOW_JOB"), (int)getpid());
+  for (int i = 0; i < 10000 && heartbeat(mine) == 0; i++) {
+    struct timespec ts = {0, 3000000};
+    nanosleep(&ts, NULL);
+  }
   pid_t child = fork();
   if (child < 0) return 4;
   if (child == 0) {

@@ -433,8 +433,19 @@ static void *sampler(void *arg) {
 /* the child of fork() has no sampler thread: it starts its own */
 static void atfork_child(void) { atomic_store_explicit(&g_sampler_started, 0, FS_RLX); }
 
+/* fork() while the sampler thread holds g_mu would leave it locked for good in the child (its
+ * next ibv_open_device would wait forever): hold g_mu across fork(), as glibc does with its
+ * malloc locks. No wrapper forks while it holds g_mu. */
+static pthread_once_t g_fork_lock_once = PTHREAD_ONCE_INIT;
+static void lock_for_fork(void) { pthread_mutex_lock(&g_mu); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&g_mu); }
+static void register_fork_lock(void) {
+  pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+}
+
 static void start_sampler(void) {
   fs_atfork_child(atfork_child);
+  pthread_once(&g_fork_lock_once, register_fork_lock);
   int expected = 0;
   if (!atomic_compare_exchange_strong(&g_sampler_started, &expected, 1)) return;
   if (fs_env_ns("FAILSLOW_LINK_PERIOD_MS", 100, 1000000) <= 0) return; /* sampling disabled */
