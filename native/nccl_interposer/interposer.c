@@ -144,6 +144,16 @@ static struct comm_state g_comms[COMM_SLOTS];
 static pthread_mutex_t g_comm_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t g_local_ids;
 
+/* fork() while another thread inserts or removes a communicator would leave g_comm_mu
+ * locked for good in the child: it is held across fork(), as glibc holds its malloc
+ * locks. Nothing forks while it holds g_comm_mu. */
+static pthread_once_t g_fork_lock_once = PTHREAD_ONCE_INIT;
+static void lock_for_fork(void) { pthread_mutex_lock(&g_comm_mu); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&g_comm_mu); }
+static void register_fork_lock(void) {
+  pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
+}
+
 static inline uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
@@ -186,6 +196,7 @@ static struct comm_state *comm_insert(ncclComm_t comm, uint64_t id, int32_t cran
                                       int32_t device, uint32_t flags) {
   uintptr_t key = (uintptr_t)comm;
   if (key <= COMM_TOMB) return NULL;
+  pthread_once(&g_fork_lock_once, register_fork_lock);
   pthread_mutex_lock(&g_comm_mu);
   uint32_t i = ptr_slot(key), free_slot = COMM_SLOTS;
   for (uint32_t n = 0; n < COMM_SLOTS; n++, i = (i + 1) & (COMM_SLOTS - 1)) {
