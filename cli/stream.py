@@ -116,6 +116,14 @@ def add_parser(subparsers: Any) -> None:
                          "it reads). One job's detection then spreads over several "
                          "processors, each with its own --group and set, e.g. 'hang' beside "
                          "'slowdown,linkrate' (env FAILSLOW_DETECTORS; default: all)")
+    pr.add_argument("--export", default="", metavar="TABLES",
+                    help="publish these derived tables for other consumer groups, on "
+                         "failslow.derived.<table> (iterations): a stage of one job's "
+                         "detection, e.g. '--detectors iterations --export iterations'")
+    pr.add_argument("--import", dest="import_", default="", metavar="TABLES",
+                    help="read these derived tables from the group that exports them "
+                         "instead of deriving them here, e.g. '--detectors slowdown,linkrate "
+                         "--import iterations': the iteration tracker then runs only there")
     pr.add_argument("--whatif", action=argparse.BooleanOptionalAction, default=False,
                     help="run the what-if analysis per job and store its results "
                          "(default: no)")
@@ -321,9 +329,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 # process
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
 def cmd_process(args: argparse.Namespace) -> int:
     from failslow.engine.registry import parse_names
     from failslow.stream.clickhouse import ClickHouseSink, ClickHouseStateStore, Store, connect
+    from failslow.stream.exports import export_topic
     from failslow.stream.kafka import KafkaTransport
     from failslow.stream.metrics import MetricsServer, processor_registry
     from failslow.stream.processor import (
@@ -333,6 +346,7 @@ def cmd_process(args: argparse.Namespace) -> int:
         default_whatif,
     )
     from failslow.stream.sink import SinkBackpressureError
+    from failslow.stream.transport import EVENT_TOPICS
 
     try:
         detectors = parse_names(args.detectors or "")
@@ -349,9 +363,10 @@ def cmd_process(args: argparse.Namespace) -> int:
             detect=args.detect, window_ns=int(args.window_ms * 1e6),
             max_backpressure_retries=None, max_backoff_s=args.max_backoff,
             silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "",
-            retire_after_s=args.retire_after, detectors=detectors)
+            retire_after_s=args.retire_after, detectors=detectors,
+            exports=_names(args.export), imports=_names(args.import_))
     except ValueError as e:
-        print(f"failslow process: --planner-costs: {e}", file=sys.stderr)
+        print(f"failslow process: {e}", file=sys.stderr)
         return 2
     from failslow.settings import redact_url
 
@@ -400,7 +415,9 @@ def cmd_process(args: argparse.Namespace) -> int:
             return 0
         transport = KafkaTransport(bootstrap, group_id=args.group,
                                    topic_prefix=args.topic_prefix, partitions=args.partitions,
-                                   on_full="block", max_block_ms=30_000)
+                                   on_full="block", max_block_ms=30_000,
+                                   subscribe=(*EVENT_TOPICS, *map(export_topic,
+                                                                   sorted(config.imports))))
         processor = StreamProcessor(
             transport, ClickHouseSink(store=store), config,
             state=ClickHouseStateStore(store),

@@ -13,9 +13,10 @@ import pyarrow.compute as pc
 from failslow.events import NULL_TIME, EventBatch
 from failslow.tracedir import DATA_KINDS
 
-#: The column that orders each kind in time.
+#: The column that orders each kind in time (``iterations``: rows imported from the stage
+#: that derives them, by the event time they were derived at, failslow.stream.exports).
 TIME_COLUMN = {"coll": "t", "progress": "t", "link": "t", "gpu": "t", "span": "t_end",
-               "ras": "t", "probe": "t"}
+               "ras": "t", "probe": "t", "iterations": "t_emit"}
 
 DEFAULT_WINDOW_NS = 100_000_000  # 100 ms of trace time per batch
 
@@ -55,7 +56,9 @@ def cut(tables: Mapping[str, pa.Table], window_ns: int, origin: int, horizon: in
     are in time order are not sorted (they usually are)."""
     timed: dict[str, pa.Table] = {}
     times: dict[str, np.ndarray] = {}
-    for kind in DATA_KINDS:
+    # the trace's kinds, then tables imported from another stage (``iterations``)
+    kinds = (*DATA_KINDS, *(k for k in tables if k in TIME_COLUMN and k not in DATA_KINDS))
+    for kind in kinds:
         table = tables.get(kind)
         if table is None or not table.num_rows:
             continue

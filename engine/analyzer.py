@@ -36,6 +36,7 @@ from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.engine import registry
 from failslow.engine.dedup import CollDeduplicator
+from failslow.engine.imports import IterationImport
 from failslow.engine.probes import (
     ProbeRequest,
     ProbeRequester,
@@ -103,6 +104,8 @@ class JobAnalyzer:
         #: who is asked to confirm a suspect (off unless the job is in ``probe_jobs``)
         self.requester = ProbeRequester(meta, self.config.probe_jobs,
                                         self.config.probe_deadline_s)
+        #: ``iterations`` from the stage that tracks them, each row taken once
+        self.imports = IterationImport() if "iterations" in self.config.imported else None
         self.planner: MitigationPlanner | None = None
         # the planner follows slow anomalies and iteration times: it runs where the
         # slow-down detector does (a processor may run only some detectors, issue 13)
@@ -143,6 +146,9 @@ class JobAnalyzer:
             batch = {**batch, "coll": self.dedup.update(coll)}
             self._observe(batch["coll"])
         batch = dict(batch)
+        imported = batch.get("iterations")
+        if self.imports is not None and imported is not None:
+            batch["iterations"] = self.imports.take(imported)
         derived: dict[str, pa.Table] = {}
         found: list[Anomaly] = []
         parallel = coll is not None and coll.num_rows >= PARALLEL_MIN_ROWS
@@ -165,8 +171,11 @@ class JobAnalyzer:
         self.requester.answered(rows_of(batch.get("probe")))
         iterations = derived.get("iterations", results.empty("iterations"))
         rounds = derived.get("rounds", results.empty("rounds"))
-        return Output(found, rounds, iterations, self._advise(iterations, found),
-                      self.requester.requests(found))
+        # the planner follows the job's iterations wherever they come from (derived here,
+        # or imported from the stage that tracks them: ``JobConfig.imported``)
+        followed = batch.get("iterations") if "iterations" in self.config.imported else None
+        advice = self._advise(iterations if followed is None else followed, found)
+        return Output(found, rounds, iterations, advice, self.requester.requests(found))
 
     def _task(self, name: str, step: str, batch: EventBatch) -> list[Anomaly]:
         det = self.detectors[name]
@@ -279,6 +288,7 @@ class JobAnalyzer:
                 "detectors": {name: det.snapshot() for name, det in self.detectors.items()},
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
+                "imports": None if self.imports is None else self.imports.snapshot(),
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
                 "probes_asked": sorted(self.requester.asked),
                 "probes_tries": dict(sorted(self.requester.tries.items())),
@@ -302,6 +312,8 @@ class JobAnalyzer:
             self._anomalies[a.id] = a
         if self.planner is not None and state.get("planner") is not None:
             self.planner.restore(state["planner"])
+        if self.imports is not None and state.get("imports") is not None:
+            self.imports.restore(state["imports"])
         self.failed = dict(state.get("failed", {}))
         self.requester.asked = set(state.get("probes_asked", ()))
         self.requester.tries = {str(k): int(v)

@@ -50,14 +50,19 @@ class JobConfig:
     probe_jobs: frozenset[str] = field(
         default_factory=lambda: get_settings().probes.enabled_jobs())
     probe_deadline_s: float = field(default_factory=lambda: get_settings().probes.deadline_s)
+    #: derived tables this engine reads from another stage (a consumer group that derives
+    #: them and exports them over Kafka: ``failslow process --import``) instead of deriving
+    #: them: the detectors that derive only those do not run here
+    imported: frozenset[str] = frozenset()
 
     def enabled(self, name: str) -> bool:
         if name == "linkrate" and self.linkrate is None:
             return False
         if self.detectors is None:
-            return True
+            return not _derives_only(name, self.imported)
         return name in self.detectors or any(
-            name in _needs(other) for other in self.detectors)
+            name in _needs(other) and not _derives_only(name, self.imported)
+            for other in self.detectors)
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,13 @@ def _needs(name: str) -> set[str]:
     kinds: frozenset[str] = entry.cls.kinds  # type: ignore[attr-defined]
     return {e.name for e in REGISTRY
             if set(e.cls.produces) & kinds}  # type: ignore[attr-defined]
+
+
+def _derives_only(name: str, tables: frozenset[str]) -> bool:
+    """Registered detector ``name`` derives tables and all of them are in ``tables``."""
+    entry = next((e for e in REGISTRY if e.name == name), None)
+    produces = set(entry.cls.produces) if entry is not None else set()  # type: ignore[attr-defined]
+    return bool(produces) and produces <= tables
 
 
 def build(meta: JobMeta, config: JobConfig, known: Known) -> dict[str, Detector]:

@@ -65,6 +65,12 @@ class ProcessorConfig:
     #: record kinds given to the detectors: those of ``failslow analyze`` (with
     #: ``detectors``: those the chosen detectors read)
     analyzer_kinds: tuple[str, ...] = field(default_factory=_analyzed_kinds)
+    #: derived tables this processor publishes for other consumer groups, on
+    #: ``failslow.derived.<name>`` (:mod:`failslow.stream.exports`)
+    exports: frozenset[str] = frozenset()
+    #: derived tables read from those topics instead of derived here: the detectors that
+    #: derive only those do not run (``JobConfig.imported``)
+    imports: frozenset[str] = frozenset()
     #: a job's records are analysed in windows of this much event time, in time order
     window_ns: int = DEFAULT_WINDOW_NS
     #: windows of fewer rows are merged with the next ones before analysis, as ``failslow
@@ -115,12 +121,22 @@ class ProcessorConfig:
         if isinstance(self.clock, str) and self.clock not in CLOCKS:
             raise ValueError("clock must be 'wall', 'event', 'system' or a callable")
         object.__setattr__(self, "analyzer_kinds", tuple(self.analyzer_kinds))
-        if self.detectors is not None:
+        from failslow.engine.imports import IMPORTABLE
+
+        for what, names in (("export", self.exports), ("import", self.imports)):
+            object.__setattr__(self, what + "s", frozenset(names))
+            unknown = sorted(set(names) - IMPORTABLE)
+            if unknown:
+                raise ValueError(f"cannot {what} {', '.join(map(repr, unknown))} (known: "
+                                 f"{', '.join(sorted(IMPORTABLE))})")
+        if self.detectors is not None or self.imports:
             from failslow.engine.registry import JobConfig, input_kinds, parse_names
 
-            object.__setattr__(self, "detectors", parse_names(",".join(self.detectors)))
-            object.__setattr__(self, "analyzer_kinds", input_kinds(
-                JobConfig(detectors=self.detectors, planner=None)))
+            if self.detectors is not None:
+                object.__setattr__(self, "detectors", parse_names(",".join(self.detectors)))
+            object.__setattr__(self, "analyzer_kinds", (*input_kinds(JobConfig(
+                detectors=self.detectors, planner=None, imported=self.imports)),
+                *sorted(self.imports)))
         self.planner()  # ValueError when the costs are malformed
 
     def planner(self) -> PlannerConfig:
@@ -153,14 +169,17 @@ WhatIfFactory = Callable[[JobMeta], WhatIf | None]
 
 
 def default_analyzer(meta: JobMeta, planner_costs: str = "",
-                     detectors: frozenset[str] | None = None) -> Analyzer:
+                     detectors: frozenset[str] | None = None,
+                     imported: frozenset[str] = frozenset()) -> Analyzer:
     """A :class:`failslow.engine.analyzer.JobAnalyzer` for ``meta``, as ``failslow analyze``
     makes it, its mitigation planner's action costs ``planner_costs`` (``S2=5,S3=60,...``;
-    empty: the defaults) applied, running the registered ``detectors`` (None: all)."""
+    empty: the defaults) applied, running the registered ``detectors`` (None: all) on the
+    ``imported`` derived tables of another stage."""
     from failslow.engine.analyzer import JobAnalyzer, JobConfig
 
     analyzer: Analyzer = JobAnalyzer(
-        meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs), detectors=detectors))
+        meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs), detectors=detectors,
+                        imported=imported))
     return analyzer
 
 

@@ -28,6 +28,7 @@ from failslow.stream.config import (
     WhatIf,
     WhatIfFactory,
 )
+from failslow.stream.exports import T_EMIT, with_emit_time
 from failslow.stream.partitions import Partition
 from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
 from failslow.stream.stats import ProcessorStats
@@ -71,6 +72,7 @@ class JobState:
     # a replayed post-mortem trace ends at this event time (None: not announced)
     post_mortem: int | None = None
     ended: bool = False  # its post-mortem end was analysed: no more ticks
+    export_wm: int = events.NULL_TIME  # the last watermark of its exported tables
 
 
 class Jobs:
@@ -404,6 +406,9 @@ class Jobs:
                 part.out[name].append(select_schema(table, results.SCHEMAS[name]))
                 part.rows += table.num_rows
                 state.dirty = True
+                if name in self.config.exports:
+                    part.exported.append((job, name, with_emit_time(name, table,
+                                                                    state.watermark)))
         now = time.time_ns()
         for anomaly in found:
             base = state.watermark if state.watermark != events.NULL_TIME else 0
@@ -419,6 +424,40 @@ class Jobs:
         asks = None if isinstance(out, list) else getattr(out, "probe_requests", None)
         if asks:
             part.probe_requests.extend(asks)
+
+    def export_messages(self, part: Partition) -> None:
+        """The messages of ``part``'s exported tables for its next checkpoint: per job and
+        table, the rows derived since the last one and a watermark below the job's event
+        time (a later row may be derived at that very time), also without rows, so that
+        the importing stage moves on (:mod:`failslow.stream.exports`)."""
+        if not self.config.exports:
+            return
+        rows: dict[tuple[str, str], list[pa.Table]] = {}
+        for job, name, table in part.exported:
+            rows.setdefault((job, name), []).append(table)
+        part.exported = []
+        jobs = {job for job, _ in rows} | {job for job, st in self.states.items()
+                                           if st.partition == part.number}
+        for job in sorted(jobs):
+            st = self.states.get(job)
+            tops = [int(pc.max(t.column(T_EMIT)).as_py()) for (j, _), ts in rows.items()
+                    if j == job for t in ts]
+            wm = events.NULL_TIME
+            if st is not None and st.watermark != events.NULL_TIME:
+                wm = st.watermark - 1
+            if tops:
+                wm = max(wm, max(tops) - 1)
+            last = st.export_wm if st is not None else events.NULL_TIME
+            if wm <= last and not tops:
+                continue
+            wm = max(wm, last)
+            for name in sorted(self.config.exports):
+                parts = rows.get((job, name))
+                table = concat_tables(parts) if parts else with_emit_time(
+                    name, results.empty(name), 0)
+                part.exports.append((job, name, table, wm))
+            if st is not None:
+                st.export_wm = wm
 
     def diagnosis_rows(self, parts: list[Partition]) -> None:
         """A ``diagnoses`` row for every job of ``parts`` whose summary changed."""

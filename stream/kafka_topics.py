@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from failslow.engine.probes import PROBE_REQUESTS_TOPIC
+from failslow.stream.exports import EXPORT_TOPICS, exported_of
 from failslow.stream.sink import ADVICE_TOPIC
 from failslow.stream.transport import ANOMALIES_TOPIC, DEADLETTER_TOPIC, EVENT_TOPICS, kind_of
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 
 #: Every topic the pipeline uses (created on connect).
 ALL_TOPICS: tuple[str, ...] = (*EVENT_TOPICS, ANOMALIES_TOPIC, ADVICE_TOPIC,
-                               DEADLETTER_TOPIC, PROBE_REQUESTS_TOPIC)
+                               DEADLETTER_TOPIC, PROBE_REQUESTS_TOPIC, *EXPORT_TOPICS)
 
 #: Retention of the topics this transport creates (the processor is minutes behind at most;
 #: anomaly reports and dead letters are kept longer for whoever reads them).
@@ -32,7 +33,8 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
 
 def topic_configs(topic: str) -> dict[str, str]:
     """The settings of logical ``topic`` (event topics share theirs)."""
-    return dict(TOPIC_CONFIGS.get(topic, TOPIC_CONFIGS["events"] if kind_of(topic) else {}))
+    events_like = kind_of(topic) or exported_of(topic)  # derived tables: as event topics
+    return dict(TOPIC_CONFIGS.get(topic, TOPIC_CONFIGS["events"] if events_like else {}))
 
 
 def create_missing(admin: Any, topics: Mapping[str, Mapping[str, str]],

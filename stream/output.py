@@ -18,6 +18,7 @@ import pyarrow as pa
 from failslow.engine.probes import PROBE_REQUESTS_TOPIC
 from failslow.mitigation.planner import advice_table
 from failslow.stream.config import ProcessorConfig
+from failslow.stream.exports import encode_export, export_topic
 from failslow.stream.partitions import Partition
 from failslow.stream.sink import (
     ADVICE_TOPIC,
@@ -90,6 +91,10 @@ class Writer:
                 value, headers = encode_advice(adv)
                 self.transport.produce(ADVICE_TOPIC, adv.job, value, headers)
                 self.stats.advice_published += 1
+            for job, name, table, wm in part.exports:
+                value, headers = encode_export(name, table, wm)
+                self.transport.produce(export_topic(name), job, value, headers)
+                self.stats.exports_published += 1
             for ask in part.probe_requests:
                 # stamped now: an agent does not run a request older than its max age
                 ask = dataclasses.replace(ask, t=time.time_ns())

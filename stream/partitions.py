@@ -59,6 +59,10 @@ class Partition:
     advice: list[Advice] = field(default_factory=list)
     whatif: list[WhatIfRow] = field(default_factory=list)
     probe_requests: list[ProbeRequest] = field(default_factory=list)
+    #: rows of derived tables to export (job, table name, rows with t_emit), and the
+    #: messages of the next checkpoint (job, table name, rows, watermark)
+    exported: list[tuple[str, str, pa.Table]] = field(default_factory=list)
+    exports: list[tuple[str, str, pa.Table, int]] = field(default_factory=list)
     cuts: deque[Cut] = field(default_factory=deque)  # logged cuts to re-cut (recovery)
     done: set[int] = field(default_factory=set)  # seqs of logged cuts that were committed
     deferred: list[Message] = field(default_factory=list)  # after the next logged cut
@@ -67,7 +71,8 @@ class Partition:
     pending_bytes: int = 0
 
     def has_output(self) -> bool:
-        return bool(self.reports or self.advice or self.whatif or any(self.out.values()))
+        return bool(self.reports or self.advice or self.whatif or self.exported
+                    or any(self.out.values()))
 
     def note(self, message: Message) -> None:
         """``message`` was read: extend the offset range of the next cut."""
@@ -99,6 +104,8 @@ class Partition:
         self.advice = []
         self.whatif = []
         self.probe_requests = []
+        self.exported = []
+        self.exports = []
         self.ranges = {}
         self.messages = 0
         self.rows = 0

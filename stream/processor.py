@@ -74,6 +74,7 @@ from failslow.stream.config import (
     default_analyzer,
     default_whatif,
 )
+from failslow.stream.exports import decode_export, exported_of
 from failslow.stream.jobs import Jobs
 from failslow.stream.output import SinkError, Stopped, Writer
 from failslow.stream.partitions import Partition, PendingMessage
@@ -132,7 +133,8 @@ class StreamProcessor(PartitionRecovery):
         self._idle_since: dict[int, int] = {}  # partition -> caught up since (monotonic ns)
         factory = analyzer_factory or partial(default_analyzer,
                                               planner_costs=config.planner_costs,
-                                              detectors=config.detectors)
+                                              detectors=config.detectors,
+                                              imported=config.imports)
         align = (not transport.ordered) if config.align is None else config.align
         self._jobs = Jobs(config, self.stats, factory, whatif_factory, self._parts,
                           self._idle_since, align)
@@ -389,7 +391,8 @@ class StreamProcessor(PartitionRecovery):
         self._uncommitted += 1
         t0 = time.perf_counter()
         try:
-            kind, table = decode(message)
+            kind, table = decode_export(message) if exported_of(message.topic) \
+                else decode(message)
         except DecodeError as e:
             self.stats.seconds["decode"] += time.perf_counter() - t0
             self._dead_letter(message, e.reason_class, str(e))
@@ -401,7 +404,8 @@ class StreamProcessor(PartitionRecovery):
         self.stats.messages += 1
         self.stats.rows[kind] += table.num_rows
         self._metrics_rows += table.num_rows
-        if (self.config.store_events or kind == "meta") and table.num_rows:
+        if (self.config.store_events or kind == "meta") and table.num_rows \
+                and kind in events.SCHEMAS:  # (not a table imported from another stage)
             part.out[kind].append(select_schema(table, events.SCHEMAS[kind]))
             part.rows += table.num_rows
         if kind == "meta":
@@ -467,6 +471,7 @@ class StreamProcessor(PartitionRecovery):
 
     def _flush(self, part: Partition, cut: Cut | None, publish: bool) -> None:
         messages = part.messages
+        self._jobs.export_messages(part)
         self._writer.flush(part, cut, publish)
         self._uncommitted = max(0, self._uncommitted - messages)
 

@@ -21,6 +21,7 @@ class ProcessorStats:
     errors: int = 0  # analyzer failures (the batch is skipped for detection, still stored)
     anomaly_reports: int = 0
     anomalies_published: int = 0
+    exports_published: int = 0  # messages of derived tables for other consumer groups
     advice: int = 0  # mitigation advice made (planner decisions)
     advice_published: int = 0
     #: probe requests sent to the node agents (issue 17)

@@ -1,0 +1,60 @@
+"""Derived tables an engine imports from another stage (issue 13 item 3): a consumer group
+that derives them (the iteration tracker's ``iterations``) exports them over Kafka
+(:mod:`failslow.stream.exports`), and the engines of other groups read them as input
+instead of deriving them again (``JobConfig.imported``).
+
+Delivery is at least once: a stage that restarts publishes again what it published after
+its last committed cut. :class:`IterationImport` keeps what was already taken, the last
+iteration number of every rank (the job's as rank -1), so a repeated row never reaches the
+detectors twice. Iteration numbers only grow, per rank, in the order they are derived."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+#: Derived tables a stage may export and others import.
+IMPORTABLE: frozenset[str] = frozenset({"iterations"})
+
+
+class IterationImport:
+    """Imported ``iterations`` rows less those already taken (module docstring). State: the
+    last iteration number per rank, rank -1 (the job) at index 0."""
+
+    def __init__(self) -> None:
+        self.last = np.zeros(0, dtype=np.int64)  # by rank + 1; -1: none yet
+
+    def take(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` newer than every row taken before, for their rank."""
+        if not table.num_rows:
+            return table
+        rank = table.column("rank").to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        it = table.column("iteration").to_numpy(zero_copy_only=False).astype(np.int64)
+        ok = rank >= 0
+        top = int(rank.max()) + 1 if len(rank) else 0
+        if top > len(self.last):
+            grown = np.full(top, -1, dtype=np.int64)
+            grown[:len(self.last)] = self.last
+            self.last = grown
+        # rows of one rank come in iteration order: a row is new when it exceeds what
+        # was taken before this table (repeats within the table: the first is kept)
+        before = np.where(ok, self.last[np.where(ok, rank, 0)], np.iinfo(np.int64).max)
+        keep = ok & (it > before)
+        if keep.any():
+            order = np.lexsort((it[keep], rank[keep]))
+            r, i = rank[keep][order], it[keep][order]
+            first = np.concatenate(([True], (r[1:] != r[:-1]) | (i[1:] != i[:-1])))
+            dup = np.zeros(int(keep.sum()), dtype=bool)
+            dup[order[~first]] = True
+            idx = np.flatnonzero(keep)
+            keep[idx[dup]] = False
+            np.maximum.at(self.last, rank[keep], it[keep])
+        return table if keep.all() else table.filter(pa.array(keep))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"last": self.last.copy()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.last = np.asarray(state["last"], dtype=np.int64).copy()

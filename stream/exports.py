@@ -1,0 +1,119 @@
+"""Derived tables between consumer groups (issue 13 item 3: stages connected by Kafka
+topics): a processor that derives a table (the iteration tracker's ``iterations``) exports
+it on ``failslow.derived.<name>``, keyed by job like every event topic, and processors of
+other groups import it as one more input kind instead of deriving it again
+(``failslow process --export`` / ``--import``; :mod:`failslow.engine.imports`).
+
+A row carries ``t_emit``, the exporting job's event time when it was derived (the largest
+event time of the batch that produced it). The importing processor windows the rows by
+that time, so its detectors read each row with the records that were analysed with it at
+the source: the diagnosis is that of one process doing both (tested). Every message also
+says, in its ``failslow-watermark`` header, that every row up to that ``t_emit`` was
+published: the importer aligns the kind with the others as it aligns event kinds. The
+export is published at each checkpoint of the source, after its sink write and before its
+offsets are committed (at least once; the importer drops rows it already took)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from failslow import results
+from failslow.engine.imports import IMPORTABLE
+from failslow.stream.sink import select_schema
+from failslow.stream.transport import (
+    ARROW_STREAM,
+    H_CONTENT_TYPE,
+    H_KIND,
+    H_VERSION,
+    H_WATERMARK,
+    DecodeError,
+    Message,
+)
+
+EXPORT_PREFIX = "failslow.derived."
+#: Topics of the exportable derived tables.
+EXPORT_TOPICS: tuple[str, ...] = tuple(EXPORT_PREFIX + name for name in sorted(IMPORTABLE))
+#: The column every exported row carries: the source's event time when it was derived.
+T_EMIT = "t_emit"
+#: Version of the exported messages (the table's schema in failslow.results, plus t_emit).
+EXPORT_VERSION = "1"
+
+
+def export_topic(name: str) -> str:
+    """The topic of exportable derived table ``name``."""
+    if name not in IMPORTABLE:
+        raise ValueError(f"derived table {name!r} cannot be exported (known: "
+                         f"{', '.join(sorted(IMPORTABLE))})")
+    return EXPORT_PREFIX + name
+
+
+def exported_of(topic: str) -> str | None:
+    """The derived table carried on ``topic``, or None for other topics."""
+    if topic.startswith(EXPORT_PREFIX):
+        name = topic[len(EXPORT_PREFIX):]
+        if name in IMPORTABLE:
+            return name
+    return None
+
+
+def schema_of(name: str) -> pa.Schema:
+    """The schema of exported table ``name``: its results schema and ``t_emit``."""
+    return results.SCHEMAS[name].append(pa.field(T_EMIT, pa.int64(), nullable=False))
+
+
+def with_emit_time(name: str, table: pa.Table, t_emit: int) -> pa.Table:
+    """``table`` (rows of derived table ``name``) in its exported schema, every row derived
+    at event time ``t_emit``."""
+    base = select_schema(table, results.SCHEMAS[name])
+    column = pa.array(np.full(base.num_rows, t_emit, dtype=np.int64))
+    return pa.Table.from_arrays([*base.columns, column], schema=schema_of(name))
+
+
+def encode_export(name: str, table: pa.Table, watermark: int,
+                  compression: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """A message of exported rows (:func:`with_emit_time`'s shape; may be empty) whose
+    header says every row up to ``t_emit`` ``watermark`` was published."""
+    table = select_schema(table, schema_of(name)).combine_chunks()
+    batches = table.to_batches()
+    batch = batches[0] if batches else pa.RecordBatch.from_arrays(
+        [pa.array([], type=f.type) for f in table.schema], schema=table.schema)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema,
+                        options=ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_batch(batch)
+    headers = {H_VERSION: EXPORT_VERSION, H_KIND: name, H_CONTENT_TYPE: ARROW_STREAM,
+               H_WATERMARK: str(int(watermark))}
+    return bytes(sink.getvalue()), headers
+
+
+def decode_export(message: Message) -> tuple[str, pa.Table]:
+    """Name and rows of an export message; :class:`DecodeError` says what is wrong."""
+    name = exported_of(message.topic)
+    if name is None:
+        raise DecodeError("unknown_kind", f"topic {message.topic!r} carries no derived table")
+    if message.headers.get(H_VERSION) != EXPORT_VERSION:
+        raise DecodeError("schema_version", f"export version "
+                                            f"{message.headers.get(H_VERSION)!r} is not "
+                                            f"supported (expected {EXPORT_VERSION})")
+    try:
+        table = ipc.open_stream(pa.BufferReader(message.value)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
+        raise DecodeError("malformed", f"not an Arrow IPC stream ({e})") from None
+    schema = schema_of(name)
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise DecodeError("contract", f"{message.topic}@{message.offset}: no column(s) "
+                                      f"{', '.join(missing)}")
+    try:
+        table = select_schema(table, schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise DecodeError("contract", f"{message.topic}@{message.offset}: {e}") from None
+    if table.num_rows:
+        if any(table.column(f.name).null_count for f in schema):
+            raise DecodeError("contract", f"{message.topic}@{message.offset}: null values")
+        if table.column("job").unique().to_pylist() != [message.key]:
+            raise DecodeError("key", f"{message.topic}@{message.offset}: rows of other jobs "
+                                     f"than {message.key!r}")
+    return name, table
