@@ -338,8 +338,8 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
         runs = {"detect": ("--no-store-events",), "store": ("--no-detect",),
                 "detect_1s_windows": ("--no-store-events", "--window-ms", "1000")}
         # 6. the detection split over consumer groups by detector (process --detectors)
-        runs.update({f"detect_{group}": ("--no-store-events", "--detectors", names)
-                     for group, names in DETECTOR_GROUPS})
+        runs.update({f"detect_{group}": ("--no-store-events", *flags)
+                     for group, flags in DETECTOR_GROUPS})
         for name, extra in runs.items():
             run_dir = Path(tmp) / name
             run_dir.mkdir()
@@ -398,8 +398,13 @@ def _codec_figures(produced: dict[str, Any], phases: dict[str, dict[str, Any]],
 
 
 #: One job's detection split over consumer groups, as the README and docker-compose.yml
-#: run it (``failslow process --detectors``): group name and detectors.
-DETECTOR_GROUPS = (("slowdown", "slowdown,linkrate"), ("hang", "hang"))
+#: run it (``failslow process --detectors``): group name and its flags. The group that
+#: tracks the iterations exports them to the slow-down group (``--export``/``--import``),
+#: so it runs first.
+DETECTOR_GROUPS = (("track", ("--detectors", "iterations", "--export", "iterations")),
+                   ("slowdown", ("--detectors", "slowdown,linkrate",
+                                 "--import", "iterations")),
+                   ("hang", ("--detectors", "hang")))
 
 #: The stages of the pipeline today, the processor run that measures each, and whether one
 #: job's work in it can be spread over processes (issue 13 item 3): storing, and detection

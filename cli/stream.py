@@ -116,14 +116,17 @@ def add_parser(subparsers: Any) -> None:
                          "it reads). One job's detection then spreads over several "
                          "processors, each with its own --group and set, e.g. 'hang' beside "
                          "'slowdown,linkrate' (env FAILSLOW_DETECTORS; default: all)")
-    pr.add_argument("--export", default="", metavar="TABLES",
+    pr.add_argument("--export", default=settings.processor.exports, metavar="TABLES",
                     help="publish these derived tables for other consumer groups, on "
                          "failslow.derived.<table> (iterations): a stage of one job's "
-                         "detection, e.g. '--detectors iterations --export iterations'")
-    pr.add_argument("--import", dest="import_", default="", metavar="TABLES",
+                         "detection, e.g. '--detectors iterations --export iterations' (env "
+                         "FAILSLOW_EXPORT)")
+    pr.add_argument("--import", dest="import_", default=settings.processor.imports,
+                    metavar="TABLES",
                     help="read these derived tables from the group that exports them "
                          "instead of deriving them here, e.g. '--detectors slowdown,linkrate "
-                         "--import iterations': the iteration tracker then runs only there")
+                         "--import iterations': the iteration tracker then runs only there "
+                         "(env FAILSLOW_IMPORT)")
     pr.add_argument("--whatif", action=argparse.BooleanOptionalAction, default=False,
                     help="run the what-if analysis per job and store its results "
                          "(default: no)")

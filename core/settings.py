@@ -126,6 +126,11 @@ class ProcessorSettings(BaseModel):
     #: the registered detectors this processor runs, comma-separated (empty: all); one
     #: job's detection split over consumer groups, one group per set (issue 13)
     detectors: str = ""
+    #: derived tables this processor exports for other consumer groups, and those it imports
+    #: from them instead of deriving them (comma-separated; ``iterations``: the iteration
+    #: tracker in a stage of its own, issue 13)
+    exports: str = ""
+    imports: str = ""
     #: threads that run one job's independent detectors side by side (numpy releases the
     #: GIL in its sorts and reductions); 0: the cores the process may run on (its CPU
     #: affinity), at most 4; 1: none
@@ -223,6 +228,8 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_EXIT_WHEN_IDLE": ("processor", "exit_when_idle"),
     "FAILSLOW_PLANNER_COSTS": ("processor", "planner_costs"),
     "FAILSLOW_DETECTORS": ("processor", "detectors"),
+    "FAILSLOW_EXPORT": ("processor", "exports"),
+    "FAILSLOW_IMPORT": ("processor", "imports"),
     "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
     "FAILSLOW_EVIDENCE_SHARDS": ("processor", "evidence_shards"),
     "FAILSLOW_EVIDENCE_KERNEL": ("processor", "evidence_kernel"),

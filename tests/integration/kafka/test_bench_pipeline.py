@@ -66,11 +66,13 @@ def test_stage_figures_keys_and_cores() -> None:
 
     figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
     phases = {"store": {"cpu_s_per_iteration": 0.1}, "detect": {"cpu_s_per_iteration": 1.2},
+              "detect_track": {"cpu_s_per_iteration": 0.3},
               "detect_slowdown": {"cpu_s_per_iteration": 1.0},
               "detect_hang": {"cpu_s_per_iteration": 0.25}}
     out = stage_figures(phases, figures)
     stages = {s["name"]: s for s in out["stages"]}
-    assert list(stages) == ["store", "detect-slowdown", "detect-hang"]
+    assert list(stages) == ["store", "detect-track", "detect-slowdown", "detect-hang"]
+    assert stages["detect-track"]["cpu_s_per_trace_s"] == pytest.approx(0.6)
     assert stages["store"]["cpu_s_per_trace_s"] == pytest.approx(0.2)
     assert stages["store"]["ranks_per_core"] == 4096 * 5
     assert stages["detect-slowdown"]["cpu_s_per_trace_s"] == pytest.approx(2.0)
@@ -82,7 +84,7 @@ def test_stage_figures_keys_and_cores() -> None:
     assert out["job_stage_row_ratio"] == 1.0
     cheap = {name: {"cpu_s_per_iteration": 0.01} for name in phases}
     # one core per stage when each keeps up with the job on one core
-    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 3
+    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 4
 
 
 def test_codec_figures_per_stage() -> None:
@@ -92,7 +94,8 @@ def test_codec_figures_per_stage() -> None:
 
     figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
     phases = {name: {"cpu_s_per_iteration": cpu, "phases_s": {"decode": dec}}
-              for name, cpu, dec in (("store", 0.1, 0.5), ("detect_slowdown", 1.0, 1.0),
+              for name, cpu, dec in (("store", 0.1, 0.5), ("detect_track", 0.3, 0.5),
+                                     ("detect_slowdown", 1.0, 1.0),
                                      ("detect_hang", 0.25, 0.0))}
     out = _codec_figures({"bytes": 12_345_678, "cpu": 3.21}, phases, figures)
     assert out["megabytes"] == 12.3 and out["producer_cpu_s"] == 3.21

@@ -437,9 +437,19 @@ def test_broker_stop_and_start_mid_stream_loses_nothing(broker: Broker, traces: 
     _assert_same_as_analyze(_query(broker, tmp_path, trace.job), trace)
 
 
-#: a job's detection split over two consumer groups (``--detectors``): the killed one, the
-#: other one, and a trace with anomalies of the killed one's detectors
-SPLITS = {"slowdown,linkrate": ("hang", "demo"), "hang": ("slowdown,linkrate", "hang-hardware")}
+#: a job's detection split over consumer groups (``--detectors``): the killed group's
+#: flags, the other groups' flags (run after it, in this order), and a trace with anomalies
+#: of the killed one's detectors. ``track``: the stage that tracks the iterations and exports
+#: them to the slow-down stage (``--export``/``--import``): restarted, it publishes again
+#: what it published after its last committed cut.
+SPLITS: dict[str, tuple[tuple[str, ...], list[tuple[str, ...]], str]] = {
+    "slowdown,linkrate": (("--detectors", "slowdown,linkrate"), [("--detectors", "hang")],
+                          "demo"),
+    "hang": (("--detectors", "hang"), [("--detectors", "slowdown,linkrate")], "hang-hardware"),
+    "track": (("--detectors", "iterations", "--export", "iterations"),
+              [("--detectors", "slowdown,linkrate", "--import", "iterations"),
+               ("--detectors", "hang")], "demo"),
+}
 
 
 @pytest.mark.parametrize("killed", [None, *SPLITS])
@@ -451,13 +461,13 @@ def test_kill_9_mid_stream_and_restart_no_loss_no_duplicates(
     ``killed``: the processor runs only these detectors, one group of a job split by
     detector (``--detectors``); the other group runs after it, and the store they share
     holds the same diagnosis."""
-    trace = traces[SPLITS[killed][1] if killed else "demo"]
+    trace = traces[SPLITS[killed][2] if killed else "demo"]
     prefix = _prefix()
     # event time: the pauses of this test (checkpoint, kill, restart) are no silence of the job
     args: tuple[str, ...] = ("--checkpoint-interval", "0.3", "--snapshot-interval", "1",
                              "--clock", "event")
     if killed:
-        args += ("--detectors", killed)
+        args += SPLITS[killed][0]
     first = _start(broker, tmp_path, prefix, *args, name="first")
     pub = TracePublisher(broker, trace, prefix)
     try:
@@ -490,11 +500,13 @@ def test_kill_9_mid_stream_and_restart_no_loss_no_duplicates(
     assert stats["restored_jobs"] == 1, "the restarted processor relearned the job"
     assert 0 < stats["messages"] < pub.messages  # resumed, not from the start
     assert stats["errors"] == 0
-    if killed:  # the other group: the embedded store takes one process at a time
-        other = _start(broker, tmp_path, prefix, "--clock", "event", "--detectors",
-                       SPLITS[killed][0], "--group", f"other-{prefix}", "--no-store-events",
-                       "--exit-when-idle", "5", name="other")
+    # the other groups: the embedded store takes one process at a time
+    for i, flags in enumerate(SPLITS[killed][1] if killed else []):
+        other = _start(broker, tmp_path, prefix, "--clock", "event", *flags,
+                       "--group", f"other{i}-{prefix}", "--no-store-events",
+                       "--exit-when-idle", "5", name=f"other{i}")
         assert other.wait(180) == 0, other.log.read_text()[-3000:]
+        assert other.final_stats()["errors"] == 0
     with Store(tmp_path) as sink:
         _assert_stored_once(sink, trace)
     _assert_same_as_analyze(_query(broker, tmp_path, trace.job), trace)

@@ -50,6 +50,7 @@ def test_every_service_and_ports_on_loopback_only() -> None:
     services = doc["services"]
     assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "archiver",
                              "notifier", "agent", "prometheus", "hang-detector",
+                             "iteration-tracker",
                              "demo", "demo-notifier", "webhook-receiver"}  # profile demo
     published = []
     for name, s in services.items():
@@ -207,19 +208,30 @@ def test_prometheus_scrapes_the_processor_on_loopback() -> None:
     assert graf["FAILSLOW_PROMETHEUS_URL"] == "http://processor:9090"
 
 
-def test_split_profile_runs_one_jobs_detectors_in_two_groups() -> None:
-    """``--profile split``: the hang detector in its own consumer group, the processor told
-    (FAILSLOW_PROCESSOR_DETECTORS) to run the others; both name real detectors."""
+def test_split_profile_runs_one_jobs_detectors_in_three_groups() -> None:
+    """``--profile split``: the iteration tracker exporting the iterations and the hang
+    detector, each in its own consumer group, and the processor told
+    (FAILSLOW_PROCESSOR_DETECTORS, FAILSLOW_PROCESSOR_IMPORT) to run the others on the
+    imported iterations; all name real detectors."""
     from failslow.engine.registry import NAMES, JobConfig, parse_names
 
     services = _compose()["services"]
-    hang, processor = services["hang-detector"], services["processor"]
-    assert hang["profiles"] == ["split"]
-    cmd = hang["command"]
-    assert parse_names(cmd[cmd.index("--detectors") + 1]) == {"hang"}
-    assert cmd[cmd.index("--group") + 1] not in ("failslow-processor", "failslow-archiver")
-    assert "--no-store-events" in cmd
+    hang, track = services["hang-detector"], services["iteration-tracker"]
+    processor = services["processor"]
+    groups = set()
+    for service, names in ((hang, {"hang"}), (track, {"iterations"})):
+        assert service["profiles"] == ["split"]
+        cmd = service["command"]
+        assert parse_names(cmd[cmd.index("--detectors") + 1]) == names
+        groups.add(cmd[cmd.index("--group") + 1])
+        assert "--no-store-events" in cmd
+    assert len(groups) == 2 and not groups & {"failslow-processor", "failslow-archiver"}
+    assert track["command"][track["command"].index("--export") + 1] == "iterations"
     assert _env(processor)["FAILSLOW_DETECTORS"] == "${FAILSLOW_PROCESSOR_DETECTORS:-}"
+    assert _env(processor)["FAILSLOW_IMPORT"] == "${FAILSLOW_PROCESSOR_IMPORT:-}"
     # the README's split runs every registered detector, each in exactly one group
-    groups = [JobConfig(detectors=parse_names(names)) for names in ("slowdown,linkrate", "hang")]
-    assert [sum(g.enabled(n) for g in groups) for n in NAMES] == [1] * len(NAMES)
+    imported = frozenset({"iterations"})
+    split = [JobConfig(detectors=parse_names("iterations")),
+             JobConfig(detectors=parse_names("slowdown,linkrate"), imported=imported),
+             JobConfig(detectors=parse_names("hang"))]
+    assert [sum(g.enabled(n) for g in split) for n in NAMES] == [1] * len(NAMES)
