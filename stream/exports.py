@@ -39,6 +39,9 @@ EXPORT_TOPICS: tuple[str, ...] = tuple(EXPORT_PREFIX + name for name in sorted(I
 T_EMIT = "t_emit"
 #: Version of the exported messages (the table's schema in failslow.results, plus t_emit).
 EXPORT_VERSION = "1"
+#: Rows per export message (a 4096-rank job's iterations of one checkpoint are tens of
+#: thousands of rows; messages stay far below Kafka's size limit).
+EXPORT_MESSAGE_ROWS = 16_384
 
 
 def export_topic(name: str) -> str:

@@ -28,7 +28,7 @@ from failslow.stream.config import (
     WhatIf,
     WhatIfFactory,
 )
-from failslow.stream.exports import T_EMIT, with_emit_time
+from failslow.stream.exports import EXPORT_MESSAGE_ROWS, T_EMIT, with_emit_time
 from failslow.stream.partitions import Partition
 from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
 from failslow.stream.stats import ProcessorStats
@@ -455,7 +455,13 @@ class Jobs:
                 parts = rows.get((job, name))
                 table = concat_tables(parts) if parts else with_emit_time(
                     name, results.empty(name), 0)
-                part.exports.append((job, name, table, wm))
+                # messages of at most EXPORT_MESSAGE_ROWS rows: only the last one moves
+                # the watermark on (the importer must not go past rows still to come)
+                n = EXPORT_MESSAGE_ROWS
+                starts = range(0, max(table.num_rows, 1), n)
+                for i in starts:
+                    part.exports.append((job, name, table.slice(i, n),
+                                         wm if i == starts[-1] else last))
             if st is not None:
                 st.export_wm = wm
 

@@ -22,9 +22,10 @@ from support.parity import differences, publish_trace
 
 from failslow.engine.offline import analyze
 from failslow.stream import clickhouse as ch
+from failslow.stream import jobs
 from failslow.stream.exports import EXPORT_TOPICS, decode_export
 from failslow.stream.processor import ProcessorConfig, StreamProcessor
-from failslow.stream.transport import EVENT_TOPICS, InProcessTransport
+from failslow.stream.transport import EVENT_TOPICS, H_WATERMARK, InProcessTransport
 
 #: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
 PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
@@ -86,9 +87,12 @@ def test_iterations_exported_by_one_stage_give_the_offline_diagnosis(
     assert slow.stats.rows["iterations"] > 0 and not slow.stats.dead_letters
 
 
-def test_exports_delivered_twice_change_nothing(tmp_path: Path) -> None:
+def test_exports_delivered_twice_change_nothing(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """At least once: a stage that restarts publishes again what it published after its
-    last committed cut; the importing engine takes each iteration row once."""
+    last committed cut; the importing engine takes each iteration row once. Exports are cut
+    into messages of bounded size, only the last of a checkpoint's moving the watermark."""
+    monkeypatch.setattr(jobs, "EXPORT_MESSAGE_ROWS", 300)
     trace = tmp_path / "trace"
     subprocess.run([sys.executable, "-m", "failslow", "simulate", "--preset", "default",
                     "--out", str(trace)], check=True, capture_output=True, timeout=300)
@@ -96,6 +100,9 @@ def test_exports_delivered_twice_change_nothing(tmp_path: Path) -> None:
     online, processors = _staged_diagnosis(trace, tmp_path / "store", repeat_exports=2)
     assert differences(offline, online) == []
     slow = processors["slow"]
-    exported = sum(decode_export(m)[1].num_rows
-                   for m in processors["track"].transport.messages(EXPORT_TOPICS[0]))
-    assert slow.stats.rows["iterations"] == 2 * exported > 0
+    messages = processors["track"].transport.messages(EXPORT_TOPICS[0])
+    sizes = [decode_export(m)[1].num_rows for m in messages]
+    assert slow.stats.rows["iterations"] == 2 * sum(sizes) > 0
+    assert max(sizes) == 300 and len(messages) > sum(sizes) / 300
+    marks = [int(m.headers[H_WATERMARK]) for m in messages]
+    assert marks == sorted(marks) and len(set(marks)) < len(marks)
