@@ -340,6 +340,10 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
         # 6. the detection split over consumer groups by detector (process --detectors)
         runs.update({f"detect_{group}": ("--no-store-events", *flags)
                      for group, flags in DETECTOR_GROUPS})
+        # the slow-down group's baseline: tracking the iterations itself (the split before
+        # the tracking stage had a group of its own)
+        runs["detect_slowdown_own_tracker"] = ("--no-store-events", "--detectors",
+                                               "slowdown,linkrate")
         for name, extra in runs.items():
             run_dir = Path(tmp) / name
             run_dir.mkdir()
@@ -441,8 +445,12 @@ def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
 
     return {"stages": stages, "cores_for_16384_ranks": cores(16384),
             "cores_for_65536_ranks": cores(65536),
-            # the baseline: every detector in one consumer group
+            # the baselines: every detector in one consumer group; the slow-down group
+            # tracking the iterations itself
             "detect_in_one_group": stage("detect", "detect", False),
+            **({"detect_slowdown_own_tracker": stage(
+                "detect-slowdown-own-tracker", "detect_slowdown_own_tracker", False)}
+               if "detect_slowdown_own_tracker" in phases else {}),
             # the job-level stage (the detectors) reads the raw rows today
             "job_stage_row_ratio": 1.0}
 

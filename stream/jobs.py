@@ -551,8 +551,19 @@ class Jobs:
 
 def _encoded(tables: Mapping[str, list[pa.Table]]) -> dict[str, str]:
     """Held tables by kind as base64 Arrow IPC (zstd), for a JSON snapshot."""
-    return {k: base64.b64encode(encode(k, concat_tables(parts), "zstd")).decode()
+    return {k: base64.b64encode(_ipc(k, concat_tables(parts))).decode()
             for k, parts in tables.items() if parts}
+
+
+def _ipc(kind: str, table: pa.Table) -> bytes:
+    """An event table as its messages carry it; an imported derived table as it is."""
+    if kind in events.KINDS:
+        return encode(kind, table, "zstd")
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema,
+                        options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
 
 
 def _decoded(encoded: Mapping[str, str]) -> dict[str, list[pa.Table]]:

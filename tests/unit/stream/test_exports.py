@@ -133,3 +133,25 @@ def test_the_processor_settings_wire_the_stages() -> None:
         ProcessorConfig(imports=frozenset({"rounds"}))
     with pytest.raises(ValueError, match="cannot export 'anomalies'"):
         ProcessorConfig(exports=frozenset({"anomalies"}))
+
+
+def test_a_job_snapshot_keeps_the_imported_rows_it_holds() -> None:
+    """Rows of an imported table waiting for their window are part of the job's state, as
+    held event rows are (they are no event kind: stored as they came)."""
+    from failslow.stream.processor import StreamProcessor
+    from failslow.stream.state import pack_text, unpack_text
+    from failslow.stream.transport import InProcessTransport
+
+    config = ProcessorConfig(detectors=frozenset({"slowdown"}),
+                             imports=frozenset({"iterations"}), align=True)
+    processor = StreamProcessor(InProcessTransport(), None, config)
+    jobs = processor._jobs
+    meta = synth_meta("j")
+    st = jobs.create(meta, 0)
+    rows = with_emit_time("iterations", _iterations("j", [(0, 1), (-1, 1)]), 77)
+    jobs.add("j", "iterations", rows, watermark=70)
+    assert st.held["iterations"] and st.kind_wm["iterations"] == 77
+    state = unpack_text(pack_text(jobs.state_of(st)))
+    again = jobs.restore("j", state)
+    [held] = again.held["iterations"]
+    assert held.equals(rows)
