@@ -300,7 +300,12 @@ def _event_offsets(broker: Broker, prefix: str, group: str) -> tuple[dict[Any, i
 def _checkpointed(broker: Broker, prefix: str) -> bool:
     """Whether the processor of ``prefix`` (group ``g-<prefix>``) committed everything
     published so far: its checkpoint covers it."""
-    ends, committed = _event_offsets(broker, prefix, f"g-{prefix}")
+    from kafka.errors import CoordinatorNotAvailableError
+
+    try:
+        ends, committed = _event_offsets(broker, prefix, f"g-{prefix}")
+    except CoordinatorNotAvailableError:  # a broker just started: its offsets topic is new
+        return False
     return bool(ends) and sum(ends.values()) > 0 and committed == ends
 
 
