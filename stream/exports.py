@@ -30,6 +30,7 @@ from failslow.stream.transport import (
     H_WATERMARK,
     DecodeError,
     Message,
+    one_batch_stream,
 )
 
 EXPORT_PREFIX = "failslow.derived."
@@ -78,17 +79,9 @@ def encode_export(name: str, table: pa.Table, watermark: int,
                   compression: str | None = None) -> tuple[bytes, dict[str, str]]:
     """A message of exported rows (:func:`with_emit_time`'s shape; may be empty) whose
     header says every row up to ``t_emit`` ``watermark`` was published."""
-    table = select_schema(table, schema_of(name)).combine_chunks()
-    batches = table.to_batches()
-    batch = batches[0] if batches else pa.RecordBatch.from_arrays(
-        [pa.array([], type=f.type) for f in table.schema], schema=table.schema)
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, batch.schema,
-                        options=ipc.IpcWriteOptions(compression=compression)) as writer:
-        writer.write_batch(batch)
     headers = {H_VERSION: EXPORT_VERSION, H_KIND: name, H_CONTENT_TYPE: ARROW_STREAM,
                H_WATERMARK: str(int(watermark))}
-    return bytes(sink.getvalue()), headers
+    return one_batch_stream(select_schema(table, schema_of(name)), compression), headers
 
 
 def decode_export(message: Message) -> tuple[str, pa.Table]:

@@ -32,7 +32,7 @@ from failslow.stream.exports import EXPORT_MESSAGE_ROWS, T_EMIT, with_emit_time
 from failslow.stream.partitions import Partition
 from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
 from failslow.stream.stats import ProcessorStats
-from failslow.stream.transport import encode
+from failslow.stream.transport import encode, one_batch_stream
 from failslow.stream.windows import concat_tables, last_step, split_at, time_span
 
 log = logging.getLogger(__name__)
@@ -557,13 +557,8 @@ def _encoded(tables: Mapping[str, list[pa.Table]]) -> dict[str, str]:
 
 def _ipc(kind: str, table: pa.Table) -> bytes:
     """An event table as its messages carry it; an imported derived table as it is."""
-    if kind in events.KINDS:
-        return encode(kind, table, "zstd")
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema,
-                        options=ipc.IpcWriteOptions(compression="zstd")) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
+    return encode(kind, table, "zstd") if kind in events.KINDS \
+        else one_batch_stream(table, "zstd")
 
 
 def _decoded(encoded: Mapping[str, str]) -> dict[str, list[pa.Table]]:

@@ -97,7 +97,11 @@ class DecodeError(ValueError):
 
 def encode(kind: str, table: pa.Table, compression: str | None = None) -> bytes:
     """``table`` (conforming to ``kind``) as an Arrow IPC stream of one record batch."""
-    table = events.conform(table, kind)
+    return one_batch_stream(events.conform(table, kind), compression)
+
+
+def one_batch_stream(table: pa.Table, compression: str | None = None) -> bytes:
+    """``table`` as an Arrow IPC stream of one record batch (no rows: an empty one)."""
     combined = table.combine_chunks()
     batches = combined.to_batches()
     if not batches:  # no rows

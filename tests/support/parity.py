@@ -13,8 +13,34 @@ from failslow.comms import infer_comms
 from failslow.engine.offline import is_post_mortem
 from failslow.events import JobMeta
 from failslow.replay import replay
+from failslow.stream import clickhouse as ch
+from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.transport import Transport
 from failslow.tracedir import DATA_KINDS, TraceDir
+
+#: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
+PROCESS_DEFAULTS: dict[str, Any] = {"clock": "wall", "tick_interval_ns": 100_000_000}
+
+
+def process_into(bus: Transport, store: Path, **settings: Any) -> StreamProcessor:
+    """A processor with ``failslow process``'s defaults and ``settings`` (ProcessorConfig
+    fields) run over ``bus`` until it is drained, into the embedded store at ``store``."""
+    sink = ch.ClickHouseSink(ch.connect(store))
+    try:
+        processor = StreamProcessor(bus, sink, ProcessorConfig(**PROCESS_DEFAULTS, **settings))
+        processor.run()
+        return processor
+    finally:
+        sink.close()
+
+
+def stored_diagnosis(store: Path, job: str) -> dict[str, Any]:
+    """The diagnosis the embedded store at ``store`` holds for ``job``."""
+    sink = ch.ClickHouseSink(ch.connect(store))
+    try:
+        return sink.diagnosis(job).to_dict()
+    finally:
+        sink.close()
 
 
 def publish_trace(trace: Path, buses: Sequence[Transport]) -> JobMeta:

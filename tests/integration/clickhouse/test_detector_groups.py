@@ -15,16 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.parity import differences, publish_trace
+from support.parity import differences, process_into, publish_trace, stored_diagnosis
 
 from conftest import SHARED
 from failslow.engine.offline import analyze
-from failslow.stream import clickhouse as ch
-from failslow.stream.processor import ProcessorConfig, StreamProcessor
+from failslow.stream.processor import ProcessorConfig
 from failslow.stream.transport import InProcessTransport
 
-#: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
-PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
 #: the split the README shows: the slow-down side beside the hang detector (run in this
 #: order: the group without the iteration tracker writes last)
 GROUPS = {"slow": frozenset({"slowdown", "linkrate"}), "hang": frozenset({"hang"})}
@@ -42,20 +39,10 @@ def _split_diagnosis(trace: Path, store: Path) -> tuple[dict[str, Any], dict[str
     meta = publish_trace(trace, list(buses.values()))
     reported: dict[str, set[str]] = {}
     for group, names in GROUPS.items():
-        sink = ch.ClickHouseSink(ch.connect(store))
-        try:
-            config = ProcessorConfig(**PROCESS_DEFAULTS, detectors=names)
-            processor = StreamProcessor(buses[group], sink, config)
-            processor.run()
-            reported[group] = {a.id for st in processor._jobs.states.values()
-                               for a in st.anomalies.values()}
-        finally:
-            sink.close()
-    sink = ch.ClickHouseSink(ch.connect(store))
-    try:
-        return sink.diagnosis(meta.job).to_dict(), reported
-    finally:
-        sink.close()
+        processor = process_into(buses[group], store, detectors=names)
+        reported[group] = {a.id for st in processor._jobs.states.values()
+                           for a in st.anomalies.values()}
+    return stored_diagnosis(store, meta.job), reported
 
 
 def _check(trace: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, set[str]]]:

@@ -25,17 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.parity import differences, publish_trace
+from support.parity import differences, process_into, publish_trace, stored_diagnosis
 
 from conftest import SHARED
 from failslow.engine.offline import analyze, is_post_mortem
 from failslow.simulator import PRESETS
-from failslow.stream import clickhouse as ch
-from failslow.stream.processor import ProcessorConfig, StreamProcessor
 from failslow.stream.transport import InProcessTransport
 
-#: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
-PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
 STRAGGLER = SHARED / "data" / "straggler-analysis"
 FLIGHT_RECORDER = SHARED / "data" / "flight-recorder" / "gpu_error_1st"
 PARITY_PRESETS = sorted(p for p in PRESETS if p != "large")
@@ -44,12 +40,8 @@ PARITY_PRESETS = sorted(p for p in PRESETS if p != "large")
 def _stream_diagnosis(trace: Path, store: Path) -> dict[str, Any]:
     bus = InProcessTransport()
     meta = publish_trace(trace, [bus])
-    sink = ch.ClickHouseSink(ch.connect(store))
-    try:
-        StreamProcessor(bus, sink, ProcessorConfig(**PROCESS_DEFAULTS)).run()
-        return sink.diagnosis(meta.job).to_dict()
-    finally:
-        sink.close()
+    process_into(bus, store)
+    return stored_diagnosis(store, meta.job)
 
 
 def _check(trace: Path, tmp_path: Path) -> dict[str, Any]:

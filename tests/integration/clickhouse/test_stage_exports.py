@@ -18,17 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.parity import differences, publish_trace
+from support.parity import differences, process_into, publish_trace, stored_diagnosis
 
 from failslow.engine.offline import analyze
-from failslow.stream import clickhouse as ch
 from failslow.stream import jobs
 from failslow.stream.exports import EXPORT_TOPICS, decode_export
-from failslow.stream.processor import ProcessorConfig, StreamProcessor
+from failslow.stream.processor import StreamProcessor
 from failslow.stream.transport import EVENT_TOPICS, H_WATERMARK, InProcessTransport
 
-#: ``failslow process``'s defaults (cli/stream.py) that differ from ProcessorConfig's
-PROCESS_DEFAULTS = {"clock": "wall", "tick_interval_ns": 100_000_000}
 STAGES: dict[str, dict[str, Any]] = {
     "track": {"detectors": frozenset({"iterations"}), "exports": frozenset({"iterations"})},
     "slow": {"detectors": frozenset({"slowdown", "linkrate"}),
@@ -53,19 +50,8 @@ def _staged_diagnosis(trace: Path, store: Path, repeat_exports: int = 1
             for _ in range(repeat_exports):
                 for m in buses["track"].messages(EXPORT_TOPICS[0]):
                     buses["slow"].produce(m.topic, m.key, m.value, m.headers)
-        sink = ch.ClickHouseSink(ch.connect(store))
-        try:
-            processor = StreamProcessor(buses[group], sink,
-                                        ProcessorConfig(**PROCESS_DEFAULTS, **settings))
-            processor.run()
-            processors[group] = processor
-        finally:
-            sink.close()
-    sink = ch.ClickHouseSink(ch.connect(store))
-    try:
-        return sink.diagnosis(meta.job).to_dict(), processors
-    finally:
-        sink.close()
+        processors[group] = process_into(buses[group], store, **settings)
+    return stored_diagnosis(store, meta.job), processors
 
 
 @pytest.mark.parametrize("preset", ["mixed", "link", "hang-hardware"])
