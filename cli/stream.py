@@ -112,21 +112,28 @@ def add_parser(subparsers: Any) -> None:
                          "detecting can run on a core each)")
     pr.add_argument("--detectors", default=settings.processor.detectors, metavar="NAMES",
                     help="run only these registered detectors, comma-separated (iterations, "
-                         "slowdown, hang, linkrate; a detector brings the ones whose output "
+                         "evidence, slowdown, hang, linkrate; a detector brings the ones "
+                         "whose output "
                          "it reads). One job's detection then spreads over several "
                          "processors, each with its own --group and set, e.g. 'hang' beside "
                          "'slowdown,linkrate' (env FAILSLOW_DETECTORS; default: all)")
     pr.add_argument("--export", default=settings.processor.exports, metavar="TABLES",
                     help="publish these derived tables for other consumer groups, on "
-                         "failslow.derived.<table> (iterations): a stage of one job's "
-                         "detection, e.g. '--detectors iterations --export iterations' (env "
+                         "failslow.derived.<table> (iterations, evidence): a stage of one "
+                         "job's detection, e.g. '--detectors iterations --export iterations' "
+                         "or '--detectors evidence --shard 0/4 --export evidence' (env "
                          "FAILSLOW_EXPORT)")
+    pr.add_argument("--shard", default=settings.processor.shard, metavar="I/N",
+                    help="reduce shard I of N of each job's evidence (the 'evidence' "
+                         "detector: rounds and compute gaps of a block of the job's ranks); "
+                         "N such processors, each with its own --group, share one big job "
+                         "(env FAILSLOW_SHARD)")
     pr.add_argument("--import", dest="import_", default=settings.processor.imports,
                     metavar="TABLES",
                     help="read these derived tables from the group that exports them "
                          "instead of deriving them here, e.g. '--detectors slowdown,linkrate "
-                         "--import iterations': the iteration tracker then runs only there "
-                         "(env FAILSLOW_IMPORT)")
+                         "--import iterations,evidence': the iteration tracker and the "
+                         "evidence reducers then run only there (env FAILSLOW_IMPORT)")
     pr.add_argument("--whatif", action=argparse.BooleanOptionalAction, default=False,
                     help="run the what-if analysis per job and store its results "
                          "(default: no)")
@@ -339,7 +346,7 @@ def _names(text: str) -> frozenset[str]:
 def cmd_process(args: argparse.Namespace) -> int:
     from failslow.engine.registry import parse_names
     from failslow.stream.clickhouse import ClickHouseSink, ClickHouseStateStore, Store, connect
-    from failslow.stream.exports import export_topic
+    from failslow.stream.exports import export_topic, parse_shard
     from failslow.stream.kafka import KafkaTransport
     from failslow.stream.metrics import MetricsServer, processor_registry
     from failslow.stream.processor import (
@@ -359,6 +366,7 @@ def cmd_process(args: argparse.Namespace) -> int:
     logging.getLogger("failslow").setLevel(min(logging.INFO,
                                                logging.getLogger().getEffectiveLevel()))
     try:
+        shard = parse_shard(args.shard) if args.shard else None
         config = ProcessorConfig(
             clock=args.clock, tick_interval_ns=100_000_000,
             checkpoint_interval_s=args.checkpoint_interval,
@@ -367,7 +375,8 @@ def cmd_process(args: argparse.Namespace) -> int:
             max_backpressure_retries=None, max_backoff_s=args.max_backoff,
             silence_grace_s=args.silence_grace, planner_costs=args.planner_costs or "",
             retire_after_s=args.retire_after, detectors=detectors,
-            exports=_names(args.export), imports=_names(args.import_))
+            exports=_names(args.export), imports=_names(args.import_),
+            evidence_shard=shard)
     except ValueError as e:
         print(f"failslow process: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ from failslow.tracedir import DATA_KINDS
 #: The column that orders each kind in time (``iterations``: rows imported from the stage
 #: that derives them, by the event time they were derived at, failslow.stream.exports).
 TIME_COLUMN = {"coll": "t", "progress": "t", "link": "t", "gpu": "t", "span": "t_end",
-               "ras": "t", "probe": "t", "iterations": "t_emit"}
+               "ras": "t", "probe": "t", "iterations": "t_emit",
+               "evidence": "t_emit"}
 
 DEFAULT_WINDOW_NS = 100_000_000  # 100 ms of trace time per batch
 

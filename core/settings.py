@@ -131,6 +131,9 @@ class ProcessorSettings(BaseModel):
     #: tracker in a stage of its own, issue 13)
     exports: str = ""
     imports: str = ""
+    #: ``I/N``: this processor reduces shard I of N of each job's evidence (the
+    #: ``evidence`` detector, exported with ``--export evidence``; empty: none)
+    shard: str = ""
     #: threads that run one job's independent detectors side by side (numpy releases the
     #: GIL in its sorts and reductions); 0: the cores the process may run on (its CPU
     #: affinity), at most 4; 1: none
@@ -230,6 +233,7 @@ ENV: dict[str, tuple[str, str]] = {
     "FAILSLOW_DETECTORS": ("processor", "detectors"),
     "FAILSLOW_EXPORT": ("processor", "exports"),
     "FAILSLOW_IMPORT": ("processor", "imports"),
+    "FAILSLOW_SHARD": ("processor", "shard"),
     "FAILSLOW_ENGINE_THREADS": ("processor", "engine_threads"),
     "FAILSLOW_EVIDENCE_SHARDS": ("processor", "evidence_shards"),
     "FAILSLOW_EVIDENCE_KERNEL": ("processor", "evidence_kernel"),

@@ -25,7 +25,7 @@ from failslow.events import EventBatch
 __all__ = ["DERIVED_KINDS", "Detector", "EventBatch", "Reporting"]
 
 #: Tables a detector derives for the ones after it (not record kinds of events.md).
-DERIVED_KINDS = ("iterations", "rounds")
+DERIVED_KINDS = ("iterations", "rounds", "evidence")
 
 
 class Reporting(Protocol):

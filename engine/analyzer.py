@@ -36,7 +36,7 @@ from failslow.detectors.slowdown import SlowdownDetector
 from failslow.diagnosis import Anomaly, Diagnosis
 from failslow.engine import registry
 from failslow.engine.dedup import CollDeduplicator
-from failslow.engine.imports import IterationImport
+from failslow.engine.imports import IMPORTERS
 from failslow.engine.probes import (
     ProbeRequest,
     ProbeRequester,
@@ -76,6 +76,8 @@ class Output:
     #: probes of the open anomalies' suspects to ask the node agents for (issue 17; only
     #: for jobs with probes enabled)
     probe_requests: list[ProbeRequest] = field(default_factory=list)
+    #: the evidence rows of a reducing stage (``JobConfig.evidence_shard``), for export
+    evidence: pa.Table | None = None
 
 
 class JobAnalyzer:
@@ -104,8 +106,8 @@ class JobAnalyzer:
         #: who is asked to confirm a suspect (off unless the job is in ``probe_jobs``)
         self.requester = ProbeRequester(meta, self.config.probe_jobs,
                                         self.config.probe_deadline_s)
-        #: ``iterations`` from the stage that tracks them, each row taken once
-        self.imports = IterationImport() if "iterations" in self.config.imported else None
+        #: derived tables of other stages (``JobConfig.imported``), each row taken once
+        self.imports = {name: IMPORTERS[name]() for name in sorted(self.config.imported)}
         self.planner: MitigationPlanner | None = None
         # the planner follows slow anomalies and iteration times: it runs where the
         # slow-down detector does (a processor may run only some detectors, issue 13)
@@ -146,9 +148,10 @@ class JobAnalyzer:
             batch = {**batch, "coll": self.dedup.update(coll)}
             self._observe(batch["coll"])
         batch = dict(batch)
-        imported = batch.get("iterations")
-        if self.imports is not None and imported is not None:
-            batch["iterations"] = self.imports.take(imported)
+        for name, importer in self.imports.items():
+            imported = batch.get(name)
+            if imported is not None:
+                batch[name] = importer.take(imported)
         derived: dict[str, pa.Table] = {}
         found: list[Anomaly] = []
         parallel = coll is not None and coll.num_rows >= PARALLEL_MIN_ROWS
@@ -175,7 +178,8 @@ class JobAnalyzer:
         # or imported from the stage that tracks them: ``JobConfig.imported``)
         followed = batch.get("iterations") if "iterations" in self.config.imported else None
         advice = self._advise(iterations if followed is None else followed, found)
-        return Output(found, rounds, iterations, advice, self.requester.requests(found))
+        return Output(found, rounds, iterations, advice, self.requester.requests(found),
+                      derived.get("evidence"))
 
     def _task(self, name: str, step: str, batch: EventBatch) -> list[Anomaly]:
         det = self.detectors[name]
@@ -288,7 +292,7 @@ class JobAnalyzer:
                 "detectors": {name: det.snapshot() for name, det in self.detectors.items()},
                 "anomalies": [a.to_dict() for a in self._anomalies.values()],
                 "planner": None if self.planner is None else self.planner.snapshot(),
-                "imports": None if self.imports is None else self.imports.snapshot(),
+                "imports": {name: imp.snapshot() for name, imp in self.imports.items()},
                 "failed": dict(self.failed), "duplicates_dropped": self.dedup.dropped,
                 "probes_asked": sorted(self.requester.asked),
                 "probes_tries": dict(sorted(self.requester.tries.items())),
@@ -312,8 +316,12 @@ class JobAnalyzer:
             self._anomalies[a.id] = a
         if self.planner is not None and state.get("planner") is not None:
             self.planner.restore(state["planner"])
-        if self.imports is not None and state.get("imports") is not None:
-            self.imports.restore(state["imports"])
+        saved_imports = state.get("imports") or {}
+        if "last" in saved_imports:  # (before 2026-11-30's evidence: iterations only)
+            saved_imports = {"iterations": saved_imports}
+        for name, importer in self.imports.items():
+            if saved_imports.get(name) is not None:
+                importer.restore(saved_imports[name])
         self.failed = dict(state.get("failed", {}))
         self.requester.asked = set(state.get("probes_asked", ()))
         self.requester.tries = {str(k): int(v)

@@ -1,12 +1,16 @@
 """Derived tables an engine imports from another stage (issue 13 item 3): a consumer group
-that derives them (the iteration tracker's ``iterations``) exports them over Kafka
-(:mod:`failslow.stream.exports`), and the engines of other groups read them as input
-instead of deriving them again (``JobConfig.imported``).
+that derives them (the iteration tracker's ``iterations``, an evidence reducer's
+``evidence``) exports them over Kafka (:mod:`failslow.stream.exports`), and the engines of
+other groups read them as input instead of deriving them again (``JobConfig.imported``).
 
 Delivery is at least once: a stage that restarts publishes again what it published after
-its last committed cut. :class:`IterationImport` keeps what was already taken, the last
-iteration number of every rank (the job's as rank -1), so a repeated row never reaches the
-detectors twice. Iteration numbers only grow, per rank, in the order they are derived."""
+its last committed cut. An importer keeps what was already taken, so a repeated row never
+reaches the detectors twice:
+
+- :class:`IterationImport`: the last iteration number of every rank (the job's as rank
+  -1); iteration numbers only grow, per rank, in the order they are derived;
+- :class:`EvidenceImport`: per reducer shard, the last (``t_emit``, ``seq``) taken; a
+  shard derives its rows in that order."""
 
 from __future__ import annotations
 
@@ -15,8 +19,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-#: Derived tables a stage may export and others import.
-IMPORTABLE: frozenset[str] = frozenset({"iterations"})
+from failslow import results
+from failslow.detectors.slowdown import evidence_rows
+
+#: Derived tables a stage may export and others import, and their schemas.
+SCHEMAS: dict[str, pa.Schema] = {"iterations": results.SCHEMAS["iterations"],
+                                 "evidence": evidence_rows.SCHEMA}
+IMPORTABLE: frozenset[str] = frozenset(SCHEMAS)
 
 
 class IterationImport:
@@ -58,3 +67,44 @@ class IterationImport:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.last = np.asarray(state["last"], dtype=np.int64).copy()
+
+
+class EvidenceImport:
+    """Imported ``evidence`` rows less those already taken (module docstring), in shard
+    order, then in the order each shard derived them (``t_emit``, ``seq``). State: the last
+    (``t_emit``, ``seq``) per shard."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, int]] = {}
+
+    def take(self, table: pa.Table) -> pa.Table:
+        """The rows of ``table`` no earlier than every row taken before, for their shard."""
+        if not table.num_rows:
+            return table
+        shard = table.column("shard").to_numpy().astype(np.int64)
+        t = table.column("t_emit").to_numpy()
+        seq = table.column("seq").to_numpy()
+        order = np.lexsort((seq, t, shard))
+        s, tt, q = shard[order], t[order], seq[order]
+        keep = np.concatenate(([True], (s[1:] != s[:-1]) | (tt[1:] != tt[:-1])
+                               | (q[1:] != q[:-1])))
+        for sh in np.unique(s).tolist():
+            at = s == sh
+            if sh in self.last:
+                lt, lq = self.last[sh]
+                keep &= ~at | (tt > lt) | ((tt == lt) & (q > lq))
+            kept = np.flatnonzero(at & keep)
+            if len(kept):
+                self.last[sh] = (int(tt[kept[-1]]), int(q[kept[-1]]))
+        return table.take(pa.array(order[keep]))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"last": [[s, t, q] for s, (t, q) in sorted(self.last.items())]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.last = {int(s): (int(t), int(q)) for s, t, q in state["last"]}
+
+
+#: What takes each importable table once.
+IMPORTERS: dict[str, type[IterationImport] | type[EvidenceImport]] = {
+    "iterations": IterationImport, "evidence": EvidenceImport}

@@ -18,6 +18,7 @@ from failslow.detectors.hang import HangConfig, HangDetector
 from failslow.detectors.iterations import IterationConfig, IterationTracker
 from failslow.detectors.linkrate import LinkRateConfig, LinkRateDetector
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector
+from failslow.detectors.slowdown.stage import EvidenceStage
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 from failslow.mitigation.planner import PlannerConfig
@@ -54,9 +55,14 @@ class JobConfig:
     #: them and exports them over Kafka: ``failslow process --import``) instead of deriving
     #: them: the detectors that derive only those do not run here
     imported: frozenset[str] = frozenset()
+    #: this engine reduces shard (i, n) of the job's evidence for another stage
+    #: (``failslow process --shard i/n``; None: the ``evidence`` stage does not run)
+    evidence_shard: tuple[int, int] | None = None
 
     def enabled(self, name: str) -> bool:
         if name == "linkrate" and self.linkrate is None:
+            return False
+        if name == "evidence" and self.evidence_shard is None:
             return False
         if self.detectors is None:
             return not _derives_only(name, self.imported)
@@ -79,7 +85,13 @@ class Entry:
 
 def _slowdown(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
     # the tracker is the registered one, upstream: iterations arrive in the batch
-    return SlowdownDetector(meta, config.slowdown, own_tracker=False)
+    return SlowdownDetector(meta, config.slowdown, own_tracker=False,
+                            evidence_imported="evidence" in config.imported)
+
+
+def _evidence(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
+    shard, shards = config.evidence_shard or (0, 1)
+    return EvidenceStage(meta, config.slowdown, shard, shards)
 
 
 def _linkrate(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
@@ -89,6 +101,7 @@ def _linkrate(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
 #: The detectors, in the order their derived tables flow.
 REGISTRY: tuple[Entry, ...] = (
     Entry(IterationTracker, lambda meta, config, known: IterationTracker(meta, config.iterations)),
+    Entry(EvidenceStage, _evidence),
     Entry(SlowdownDetector, _slowdown),
     Entry(HangDetector, lambda meta, config, known: HangDetector(meta, config.hang)),
     Entry(LinkRateDetector, _linkrate),

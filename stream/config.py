@@ -71,6 +71,9 @@ class ProcessorConfig:
     #: derived tables read from those topics instead of derived here: the detectors that
     #: derive only those do not run (``JobConfig.imported``)
     imports: frozenset[str] = frozenset()
+    #: reduce shard ``(i, n)`` of each job's evidence (the ``evidence`` detector, exported
+    #: as ``evidence``; :mod:`failslow.detectors.slowdown.stage`); None: not a reducer
+    evidence_shard: tuple[int, int] | None = None
     #: a job's records are analysed in windows of this much event time, in time order
     window_ns: int = DEFAULT_WINDOW_NS
     #: windows of fewer rows are merged with the next ones before analysis, as ``failslow
@@ -129,13 +132,21 @@ class ProcessorConfig:
             if unknown:
                 raise ValueError(f"cannot {what} {', '.join(map(repr, unknown))} (known: "
                                  f"{', '.join(sorted(IMPORTABLE))})")
+        if self.evidence_shard is not None:
+            i, n = self.evidence_shard
+            if not 0 <= i < n:
+                raise ValueError(f"evidence shard {i}/{n}: want 0 <= i < n")
+        if "evidence" in self.exports and self.evidence_shard is None:
+            raise ValueError("exporting evidence needs the shard this processor reduces "
+                             "(--shard I/N)")
         if self.detectors is not None or self.imports:
             from failslow.engine.registry import JobConfig, input_kinds, parse_names
 
             if self.detectors is not None:
                 object.__setattr__(self, "detectors", parse_names(",".join(self.detectors)))
             object.__setattr__(self, "analyzer_kinds", (*input_kinds(JobConfig(
-                detectors=self.detectors, planner=None, imported=self.imports)),
+                detectors=self.detectors, planner=None, imported=self.imports,
+                evidence_shard=self.evidence_shard)),
                 *sorted(self.imports)))
         self.planner()  # ValueError when the costs are malformed
 
@@ -170,16 +181,18 @@ WhatIfFactory = Callable[[JobMeta], WhatIf | None]
 
 def default_analyzer(meta: JobMeta, planner_costs: str = "",
                      detectors: frozenset[str] | None = None,
-                     imported: frozenset[str] = frozenset()) -> Analyzer:
+                     imported: frozenset[str] = frozenset(),
+                     evidence_shard: tuple[int, int] | None = None) -> Analyzer:
     """A :class:`failslow.engine.analyzer.JobAnalyzer` for ``meta``, as ``failslow analyze``
     makes it, its mitigation planner's action costs ``planner_costs`` (``S2=5,S3=60,...``;
     empty: the defaults) applied, running the registered ``detectors`` (None: all) on the
-    ``imported`` derived tables of another stage."""
+    ``imported`` derived tables of another stage (``evidence_shard``: reducing that shard
+    of the job's evidence)."""
     from failslow.engine.analyzer import JobAnalyzer, JobConfig
 
     analyzer: Analyzer = JobAnalyzer(
         meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs), detectors=detectors,
-                        imported=imported))
+                        imported=imported, evidence_shard=evidence_shard))
     return analyzer
 
 

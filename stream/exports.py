@@ -19,8 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from failslow import results
-from failslow.engine.imports import IMPORTABLE
+from failslow.engine.imports import IMPORTABLE, SCHEMAS
 from failslow.stream.sink import select_schema
 from failslow.stream.transport import (
     ARROW_STREAM,
@@ -40,9 +39,22 @@ EXPORT_TOPICS: tuple[str, ...] = tuple(EXPORT_PREFIX + name for name in sorted(I
 T_EMIT = "t_emit"
 #: Version of the exported messages (the table's schema in failslow.results, plus t_emit).
 EXPORT_VERSION = "1"
-#: Rows per export message (a 4096-rank job's iterations of one checkpoint are tens of
-#: thousands of rows; messages stay far below Kafka's size limit).
+#: Header of an export message published by one of several shards: ``i/n``.
+H_SOURCE = "failslow-source"
+#: Rows and bytes (uncompressed Arrow) per export message at most (a 4096-rank job's
+#: iterations of one checkpoint are tens of thousands of rows, its evidence hundreds of
+#: thousands; messages stay below the producers' 900 kB limit even uncompressed).
 EXPORT_MESSAGE_ROWS = 16_384
+EXPORT_MESSAGE_BYTES = 768 << 10
+
+
+def message_rows(table: pa.Table) -> int:
+    """Rows per export message of ``table`` (:data:`EXPORT_MESSAGE_ROWS`,
+    :data:`EXPORT_MESSAGE_BYTES`)."""
+    if not table.num_rows:
+        return EXPORT_MESSAGE_ROWS
+    per_row = max(1, table.nbytes // table.num_rows)
+    return max(1, min(EXPORT_MESSAGE_ROWS, EXPORT_MESSAGE_BYTES // per_row))
 
 
 def export_topic(name: str) -> str:
@@ -63,25 +75,53 @@ def exported_of(topic: str) -> str | None:
 
 
 def schema_of(name: str) -> pa.Schema:
-    """The schema of exported table ``name``: its results schema and ``t_emit``."""
-    return results.SCHEMAS[name].append(pa.field(T_EMIT, pa.int64(), nullable=False))
+    """The schema of exported table ``name``: its own (:data:`~failslow.engine.imports.
+    SCHEMAS`) and ``t_emit``."""
+    return SCHEMAS[name].append(pa.field(T_EMIT, pa.int64(), nullable=False))
 
 
 def with_emit_time(name: str, table: pa.Table, t_emit: int) -> pa.Table:
     """``table`` (rows of derived table ``name``) in its exported schema, every row derived
     at event time ``t_emit``."""
-    base = select_schema(table, results.SCHEMAS[name])
+    base = select_schema(table, SCHEMAS[name])
     column = pa.array(np.full(base.num_rows, t_emit, dtype=np.int64))
     return pa.Table.from_arrays([*base.columns, column], schema=schema_of(name))
 
 
 def encode_export(name: str, table: pa.Table, watermark: int,
-                  compression: str | None = None) -> tuple[bytes, dict[str, str]]:
+                  compression: str | None = None, source: tuple[int, int] | None = None
+                  ) -> tuple[bytes, dict[str, str]]:
     """A message of exported rows (:func:`with_emit_time`'s shape; may be empty) whose
-    header says every row up to ``t_emit`` ``watermark`` was published."""
+    header says every row up to ``t_emit`` ``watermark`` was published; ``source``: by
+    shard ``i`` of the ``n`` that export this table (``evidence``)."""
     headers = {H_VERSION: EXPORT_VERSION, H_KIND: name, H_CONTENT_TYPE: ARROW_STREAM,
                H_WATERMARK: str(int(watermark))}
+    if source is not None:
+        headers[H_SOURCE] = f"{source[0]}/{source[1]}"
     return one_batch_stream(select_schema(table, schema_of(name)), compression), headers
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` as (i, n); ValueError says what is wrong."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard {text!r}: want I/N, such as 0/4") from None
+    if not 0 <= i < n:
+        raise ValueError(f"shard {text!r}: want 0 <= I < N")
+    return i, n
+
+
+def source_of(message: Message) -> tuple[int, int] | None:
+    """The shard that published an export message (header ``failslow-source``), or None;
+    :class:`DecodeError` for a malformed one."""
+    text = message.headers.get(H_SOURCE)
+    if text is None:
+        return None
+    try:
+        return parse_shard(text)
+    except ValueError as e:
+        raise DecodeError("contract", f"{message.topic}@{message.offset}: {e}") from None
 
 
 def decode_export(message: Message) -> tuple[str, pa.Table]:

@@ -19,6 +19,7 @@ import pyarrow.ipc as ipc
 from failslow import events, results
 from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Anomaly
+from failslow.engine.imports import SCHEMAS
 from failslow.events import JobMeta
 from failslow.replay import TIME_COLUMN, Coalescer, cut
 from failslow.stream.config import (
@@ -28,7 +29,7 @@ from failslow.stream.config import (
     WhatIf,
     WhatIfFactory,
 )
-from failslow.stream.exports import EXPORT_MESSAGE_ROWS, T_EMIT, with_emit_time
+from failslow.stream.exports import EXPORT_MESSAGE_ROWS, T_EMIT, message_rows, with_emit_time
 from failslow.stream.partitions import Partition
 from failslow.stream.sink import AnomalyReport, diagnoses_table, select_schema
 from failslow.stream.stats import ProcessorStats
@@ -63,6 +64,10 @@ class JobState:
     held: dict[str, list[pa.Table]] = field(default_factory=dict)
     held_rows: int = 0
     kind_wm: dict[str, int] = field(default_factory=dict)  # kind -> event time complete
+    # a kind several shards export: kind -> shard -> its watermark (kind_wm: the least,
+    # once every shard was heard from), and kind -> shard count
+    source_wm: dict[str, dict[int, int]] = field(default_factory=dict)
+    sources: dict[str, int] = field(default_factory=dict)
     kind_seen: dict[str, int] = field(default_factory=dict)  # kind -> monotonic ns
     first_data: int = 0  # monotonic ns of the first data message (0: none yet)
     # the job's window grid starts here (its first event time less one; None: no event yet)
@@ -158,10 +163,12 @@ class Jobs:
     # ----------------------------------------------------------------------------- input
 
     def add(self, job: str, kind: str, table: pa.Table, watermark: int | None = None,
-            post_mortem: bool = False) -> None:
+            post_mortem: bool = False, source: tuple[int, int] | None = None) -> None:
         """Hold ``table`` for the job; ``watermark``: the producer says every row of this
         kind up to that time was published (header ``failslow-watermark``);
-        ``post_mortem``: and the trace, a post-mortem snapshot, ends there."""
+        ``post_mortem``: and the trace, a post-mortem snapshot, ends there; ``source``:
+        the producer is shard ``i`` of the ``n`` that publish this kind (the kind is
+        complete up to the least of their watermarks)."""
         if not self.config.detect:
             return
         st = self.states[job]
@@ -180,6 +187,12 @@ class Jobs:
             st.held.setdefault(kind, []).append(table)
             st.held_rows += table.num_rows
             self._batch_rows += table.num_rows
+        if top is not None and column is not None and source is not None:
+            shard, count = source
+            marks = st.source_wm.setdefault(kind, {})
+            marks[shard] = max(marks.get(shard, events.NULL_TIME), top)
+            st.sources[kind] = count
+            top = min(marks.values()) if len(marks) >= count else None
         if top is not None and column is not None:
             st.kind_wm[kind] = max(st.kind_wm.get(kind, events.NULL_TIME), top)
         if self._batch_rows >= self.config.max_batch_rows:
@@ -409,6 +422,10 @@ class Jobs:
                 if name in self.config.exports:
                     part.exported.append((job, name, with_emit_time(name, table,
                                                                     state.watermark)))
+        evidence = None if isinstance(out, list) else getattr(out, "evidence", None)
+        if evidence is not None and evidence.num_rows and "evidence" in self.config.exports:
+            part.exported.append((job, "evidence", with_emit_time("evidence", evidence,
+                                                                  state.watermark)))
         now = time.time_ns()
         for anomaly in found:
             base = state.watermark if state.watermark != events.NULL_TIME else 0
@@ -454,10 +471,10 @@ class Jobs:
             for name in sorted(self.config.exports):
                 parts = rows.get((job, name))
                 table = concat_tables(parts) if parts else with_emit_time(
-                    name, results.empty(name), 0)
-                # messages of at most EXPORT_MESSAGE_ROWS rows: only the last one moves
+                    name, SCHEMAS[name].empty_table(), 0)
+                # messages of bounded rows and bytes: only the last one moves
                 # the watermark on (the importer must not go past rows still to come)
-                n = EXPORT_MESSAGE_ROWS
+                n = min(EXPORT_MESSAGE_ROWS, message_rows(table))
                 starts = range(0, max(table.num_rows, 1), n)
                 for i in starts:
                     part.exports.append((job, name, table.slice(i, n),
@@ -500,6 +517,9 @@ class Jobs:
         return {"meta": st.meta.to_row(), "partition": st.partition,
                 "watermark": st.watermark, "last_tick": st.last_tick,
                 "held": held, "kind_wm": dict(st.kind_wm), "origin": st.origin,
+                "source_wm": {k: [[s, w] for s, w in sorted(m.items())]
+                              for k, m in st.source_wm.items()},
+                "sources": dict(st.sources),
                 "post_mortem": st.post_mortem, "ended": st.ended,
                 "merged": {"tables": _encoded(merger.pending), "first": merger.first,
                            "now": merger.now},
@@ -536,6 +556,9 @@ class Jobs:
             origin=None if d.get("origin") is None else int(d["origin"]),
             post_mortem=None if d.get("post_mortem") is None else int(d["post_mortem"]),
             ended=bool(d.get("ended", False)),
+            source_wm={str(k): {int(s): int(w) for s, w in m}
+                       for k, m in (d.get("source_wm") or {}).items()},
+            sources={str(k): int(v) for k, v in (d.get("sources") or {}).items()},
             merger=self._merger())
         st.held = _decoded(d.get("held", {}))
         st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)

@@ -92,7 +92,9 @@ class Writer:
                 self.transport.produce(ADVICE_TOPIC, adv.job, value, headers)
                 self.stats.advice_published += 1
             for job, name, table, wm in part.exports:
-                value, headers = encode_export(name, table, wm)
+                value, headers = encode_export(
+                    name, table, wm, getattr(self.transport, "ipc_compression", None),
+                    source=self.config.evidence_shard if name == "evidence" else None)
                 self.transport.produce(export_topic(name), job, value, headers)
                 self.stats.exports_published += 1
             for ask in part.probe_requests:

@@ -74,7 +74,7 @@ from failslow.stream.config import (
     default_analyzer,
     default_whatif,
 )
-from failslow.stream.exports import decode_export, exported_of
+from failslow.stream.exports import decode_export, exported_of, source_of
 from failslow.stream.jobs import Jobs
 from failslow.stream.output import SinkError, Stopped, Writer
 from failslow.stream.partitions import Partition, PendingMessage
@@ -134,7 +134,8 @@ class StreamProcessor(PartitionRecovery):
         factory = analyzer_factory or partial(default_analyzer,
                                               planner_costs=config.planner_costs,
                                               detectors=config.detectors,
-                                              imported=config.imports)
+                                              imported=config.imports,
+                                              evidence_shard=config.evidence_shard)
         align = (not transport.ordered) if config.align is None else config.align
         self._jobs = Jobs(config, self.stats, factory, whatif_factory, self._parts,
                           self._idle_since, align)
@@ -391,8 +392,12 @@ class StreamProcessor(PartitionRecovery):
         self._uncommitted += 1
         t0 = time.perf_counter()
         try:
-            kind, table = decode_export(message) if exported_of(message.topic) \
-                else decode(message)
+            source = None
+            if exported_of(message.topic):
+                kind, table = decode_export(message)
+                source = source_of(message)
+            else:
+                kind, table = decode(message)
         except DecodeError as e:
             self.stats.seconds["decode"] += time.perf_counter() - t0
             self._dead_letter(message, e.reason_class, str(e))
@@ -412,7 +417,7 @@ class StreamProcessor(PartitionRecovery):
             self._on_meta(message, table, part)
         elif message.key in self._jobs or self._jobs.revive(message.key):
             self._jobs.add(message.key, kind, table, watermark(message),
-                           post_mortem_end(message))
+                           post_mortem_end(message), source)
         else:
             self._hold_pending(part, message.key, message, kind, table)
 

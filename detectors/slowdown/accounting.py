@@ -18,7 +18,7 @@ from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import SPAN_PASSES, SlowdownConfig, pure_dp
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT
 from failslow.detectors.slowdown.links import LinkTracker
-from failslow.detectors.slowdown.reducer import REDUCED_TABLES, Evidence
+from failslow.detectors.slowdown.reducer import REDUCED_SPECS, REDUCED_TABLES, Evidence
 from failslow.events import JobMeta
 
 #: NVML clocks-event reasons that mean the GPU slowed itself down: SW power cap, HW
@@ -27,6 +27,17 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 #: The bin tables of :class:`BinnedStats`, by attribute name (snapshot order).
 TABLE_NAMES = ("out_w", "in_w", "grp", "comp", "passes", "qp", "gpu", "spans")
+
+
+def shift_for(config: SlowdownConfig, base_iter_ns: float) -> int:
+    """The bin shift for an iteration time of ``base_iter_ns``: bins of ~1/8 of it, never
+    finer than ``config.bin_shift`` (it grows with ``base_iter_ns``)."""
+    return max(config.bin_shift, int(math.log2(max(base_iter_ns / 8, 1.0))))
+
+
+def _reduced_table(name: str) -> BinTable:
+    keys, sums, arg, carried = REDUCED_SPECS[name]
+    return BinTable(keys, sums, arg=arg, carried=carried)
 
 
 class BinnedStats:
@@ -52,12 +63,12 @@ class BinnedStats:
         self.links = LinkTracker(meta)
         self.ccld = CCLDMonitor(config)
         self.shift = config.bin_shift
-        self.out_w = BinTable(("rank", "cidx"), ("w",))
-        self.in_w = BinTable(("cidx", "waitee"), ("w", "n"))
-        self.grp = BinTable(("cidx", "group", "cls"), ("n", "xfer", "dmax", "dmin"),
-                            arg="range", carried=("rdmax", "rdmin"))
-        self.comp = BinTable(("rank",), ("d",))
-        self.passes = BinTable(("rank", "pass"), ("d",))  # forward / backward compute
+        # the tables the evidence reducers fill
+        self.out_w = _reduced_table("out_w")
+        self.in_w = _reduced_table("in_w")
+        self.grp = _reduced_table("grp")
+        self.comp = _reduced_table("comp")
+        self.passes = _reduced_table("passes")  # forward / backward compute
         self.qp = BinTable(("qp",), ("dc", "lt", "db"))
         self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
         # framework spans, when a source has them: compute time per rank and pass
@@ -93,10 +104,11 @@ class BinnedStats:
                 if delta:
                     cols = {**cols, "bin": cols["bin"] >> delta}
                 table.add(cols)
-        r = ev.all_rounds()
-        if len(r):
-            cls = self.classes_of(r.op, r.nbytes)
-            self.ccld.update(self.ccld_key(r.cidx, r.group, cls), r.t_end, r.dmax, r.dmin)
+        r = ev.ccld_rows()
+        if len(r["t"]):
+            cls = self.classes.lookup(r["cls"])
+            self.ccld.update(self.ccld_key(r["cidx"], r["group"], cls), r["t"], r["dmax"],
+                             r["dmin"])
 
     def ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """One int64 per round class: communicator, point-to-point pair (0 for a
@@ -139,9 +151,6 @@ class BinnedStats:
                         "op": code[keep], "d": (t1 - t0).astype(np.float64),
                         "n": np.ones(int(keep.sum()))})
 
-    def classes_of(self, op: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        return self.classes.lookup((nbytes.astype(np.int64) << 4) | op.astype(np.int64))
-
     def kinds_of(self, cidx: np.ndarray) -> np.ndarray:
         uniq, inv = np.unique(cidx, return_inverse=True)
         names = np.array([self.registry.kind(int(i)) for i in uniq.tolist()])
@@ -151,7 +160,7 @@ class BinnedStats:
         """Coarsen the bins to ~1/8 of the iteration time ``base_iter_ns``."""
         if base_iter_ns <= 0:
             return
-        want = max(self.config.bin_shift, int(math.log2(max(base_iter_ns / 8, 1.0))))
+        want = shift_for(self.config, base_iter_ns)
         if want > self.shift:
             for table in self.tables:
                 table.rebin(want - self.shift)

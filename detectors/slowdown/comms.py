@@ -130,6 +130,17 @@ class CommRegistry:
         tp = np.array([k == "tp" for k in self.kinds] or [False], dtype=bool)
         return hit & tp[self._sorted_idx[pos]] if len(self.kinds) else hit
 
+    def indices(self, comm: np.ndarray) -> np.ndarray:
+        """The index of every communicator id of ``comm``; one not known yet is added
+        (members unknown: evidence of another stage, :mod:`.evidence_rows`)."""
+        comm = np.asarray(comm, dtype=np.uint64)
+        pos, hit = self._find(comm)
+        if not hit.all():
+            for c in np.unique(comm[~hit]).tolist():
+                self._add(int(c), 0)
+            pos, hit = self._find(comm)
+        return self._sorted_idx[pos] if len(comm) else np.zeros(0, dtype=np.int64)
+
     def _find(self, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions of ``comm`` values in the sorted communicator ids, and which are known."""
         if self._sorted is None:

@@ -23,11 +23,13 @@ from failslow.detectors.slowdown.anomalies import AnomalyLifecycle
 from failslow.detectors.slowdown.bins import _KeyIndex
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import SlowdownConfig
+from failslow.detectors.slowdown.evidence_rows import evidence_of
 from failslow.detectors.slowdown.levels import SlowLevel, Window
 from failslow.detectors.slowdown.localizer import Localizer
 from failslow.detectors.slowdown.reducer import Evidence, EvidenceReducer
 from failslow.detectors.slowdown.rounds import rounds_table
 from failslow.detectors.slowdown.shards import ShardRouter
+from failslow.detectors.slowdown.stage import splits
 from failslow.detectors.slowdown.timeline import IterationTimeline
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
@@ -53,17 +55,23 @@ class SlowdownDetector:
 
     It reads the job iterations the :class:`IterationTracker` derives (``iterations`` in the
     batch, registered before it); alone (``own_tracker``, the default) it runs a tracker of
-    its own on batches without them."""
+    its own on batches without them. With ``evidence_imported`` it sums the ``evidence``
+    rows of the stage that reduces the job's ``coll`` rows (:mod:`.stage`) and reads no
+    ``coll`` rows (it writes no ``rounds``: that stage does)."""
 
     name: ClassVar[str] = "slowdown"
-    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "span", "link", "gpu", "iterations"})
+    kinds: ClassVar[frozenset[str]] = frozenset({"coll", "span", "link", "gpu", "iterations",
+                                                 "evidence"})
     produces: ClassVar[tuple[str, ...]] = ("rounds",)
 
     def __init__(self, meta: JobMeta, config: SlowdownConfig | None = None,
-                 own_tracker: bool = True) -> None:
+                 own_tracker: bool = True, evidence_imported: bool = False) -> None:
         self.meta = meta
         self.config = config or SlowdownConfig()
         self._own_tracker = own_tracker
+        #: the evidence comes as rows from the reducing stage (``evidence`` in the batch,
+        #: :mod:`.stage`) instead of from reducers here, for a job that stage can split
+        self.evidence_imported = evidence_imported and splits(meta)
         self.tracker = IterationTracker(meta) if own_tracker else None
         self.registry = CommRegistry(meta)
         self.router = ShardRouter(meta, self.config.shards)
@@ -113,7 +121,15 @@ class SlowdownDetector:
         coll = batch.get("coll")
         self.last_rounds = self._no_rounds
         stats = self.stats
-        if coll is not None and coll.num_rows:
+        if self.evidence_imported:
+            rows = batch.get("evidence")
+            if rows is not None and rows.num_rows:
+                evidence = evidence_of(rows, self.registry, stats.shift)
+                if evidence.coarser_rows:
+                    log.warning("job %s: %d evidence rows were summed in bins coarser than "
+                                "the detector's", self.meta.job, evidence.coarser_rows)
+                stats.absorb(evidence)
+        elif coll is not None and coll.num_rows:
             self.max_t = max(self.max_t, int(coll_columns(coll)["t"].max()))
             evidence = Evidence(stats.shift)
             for reducer, (rows, own_rows) in zip(self.reducers, self.router.split(coll),

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from failslow.detectors.iterations import coll_columns
+from failslow.detectors.slowdown.bins import _aggregate
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import RECV, SEND, SlowdownConfig, pure_dp
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT, GapTracker
@@ -27,8 +28,18 @@ from failslow.detectors.slowdown.rounds import RoundJoiner, Rounds, _concat_roun
 from failslow.events import JobMeta
 
 #: The bin tables a reducer adds rows to (the others, from ``link``, ``gpu`` and ``span``
-#: rows, are accounted by the job-level detector).
-REDUCED_TABLES = ("grp", "out_w", "in_w", "comp", "passes")
+#: rows, are accounted by the job-level detector): their keys besides the bin, the summed
+#: columns, the column maximized per key and those its row carries (:class:`.bins.BinTable`).
+REDUCED_SPECS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None,
+                               tuple[str, ...]]] = {
+    "grp": (("cidx", "group", "cls"), ("n", "xfer", "dmax", "dmin"), "range",
+            ("rdmax", "rdmin")),
+    "out_w": (("rank", "cidx"), ("w",), None, ()),
+    "in_w": (("cidx", "waitee"), ("w", "n"), None, ()),
+    "comp": (("rank",), ("d",), None, ()),
+    "passes": (("rank", "pass"), ("d",), None, ()),  # forward / backward compute
+}
+REDUCED_TABLES = tuple(REDUCED_SPECS)
 
 
 @dataclass
@@ -39,21 +50,50 @@ class Evidence:
     produced, with ``bin`` = time >> ``shift`` (``passes``: >> ``shift`` +
     :data:`~.gaps.PASS_BIN_SHIFT`); ``grp`` rows name their round class by its raw key
     (``bytes << 4 | op``, column ``cls``), which the job turns into its own dense ids.
-    ``rounds``: the completed rounds (the ``rounds`` output and CCL-D's baselines)."""
+    ``rounds``: the completed rounds (the ``rounds`` output and CCL-D's baselines);
+    ``ccld``: rounds that came as rows from another stage (:mod:`.evidence_rows`), only
+    the fields of CCL-D's baselines (``cidx``, ``group``, ``cls`` raw, ``t`` = end,
+    ``dmax``, ``dmin``)."""
 
     shift: int
     tables: dict[str, list[dict[str, np.ndarray]]] = field(
         default_factory=lambda: {name: [] for name in REDUCED_TABLES})
     rounds: list[Rounds] = field(default_factory=list)
+    ccld: list[dict[str, np.ndarray]] = field(default_factory=list)
+    #: imported rows summed at bins coarser than ``shift`` (should not happen: .stage)
+    coarser_rows: int = 0
 
     def add(self, other: Evidence) -> None:
         """Append another reducer's evidence of the same batch (same ``shift``)."""
         for name, parts in other.tables.items():
             self.tables[name].extend(parts)
         self.rounds.extend(other.rounds)
+        self.ccld.extend(other.ccld)
 
     def all_rounds(self) -> Rounds:
         return _concat_rounds([r for r in self.rounds if len(r)])
+
+    def summed(self) -> Evidence:
+        """The same evidence with each table's rows summed per key and bin (as its
+        :class:`.bins.BinTable` sums them: a sum of sums is the same sum)."""
+        out = Evidence(self.shift, rounds=self.rounds, ccld=self.ccld)
+        for name, parts in self.tables.items():
+            if parts:
+                keys, sums, arg, carried = REDUCED_SPECS[name]
+                cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+                out.tables[name] = [_aggregate(cols, ("bin", *keys), sums, arg, carried)]
+        return out
+
+    def ccld_rows(self) -> dict[str, np.ndarray]:
+        """The fields of CCL-D's baselines of every round, joined here or imported."""
+        parts = [{"cidx": r.cidx, "group": r.group, "t": r.t_end, "dmax": r.dmax,
+                  "dmin": r.dmin,
+                  "cls": (r.nbytes.astype(np.int64) << 4) | r.op.astype(np.int64)}
+                 for r in self.rounds if len(r)] + self.ccld
+        names = ("cidx", "group", "cls", "t", "dmax", "dmin")
+        if not parts:
+            return {k: np.zeros(0, dtype=np.int64) for k in names}
+        return {k: np.concatenate([p[k] for p in parts]) for k in names}
 
 
 class EvidenceReducer:

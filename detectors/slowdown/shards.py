@@ -87,3 +87,11 @@ class ShardRouter:
         own = self.shard_of(coll_columns(coll)["rank"])
         return [(coll.filter(pa.array(join == s)), coll.filter(pa.array(own == s)))
                 for s in range(self.shards)]
+
+    def rows_of(self, coll: pa.Table, shard: int) -> tuple[pa.Table, pa.Table | None]:
+        """:meth:`split`'s item for one shard."""
+        if self.shards == 1:
+            return coll, None
+        join = self.join_shard(coll) == shard
+        own = self.shard_of(coll_columns(coll)["rank"]) == shard
+        return coll.filter(pa.array(join)), coll.filter(pa.array(own))

@@ -11,6 +11,7 @@ orders them)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from support.parity import differences, process_into, publish_trace, stored_diag
 
 from failslow.engine.offline import analyze
 from failslow.stream import jobs
-from failslow.stream.exports import EXPORT_TOPICS, decode_export
+from failslow.stream.exports import EXPORT_TOPICS, decode_export, export_topic, exported_of
 from failslow.stream.processor import StreamProcessor
 from failslow.stream.transport import EVENT_TOPICS, H_WATERMARK, InProcessTransport
 
@@ -33,23 +34,43 @@ STAGES: dict[str, dict[str, Any]] = {
     "hang": {"detectors": frozenset({"hang"})},
 }
 
+#: The slow-down detector's evidence reduced by two processors of their own.
+REDUCED: dict[str, dict[str, Any]] = {
+    "track": STAGES["track"],
+    **{f"reduce{i}": {"detectors": frozenset({"evidence"}), "evidence_shard": (i, 2),
+                      "exports": frozenset({"evidence"}),
+                      "imports": frozenset({"iterations"})} for i in range(2)},
+    "slow": {"detectors": frozenset({"slowdown", "linkrate"}),
+             "imports": frozenset({"iterations", "evidence"})},
+    "hang": STAGES["hang"],
+}
 
-def _staged_diagnosis(trace: Path, store: Path, repeat_exports: int = 1
+
+def _staged_diagnosis(trace: Path, store: Path, repeat_exports: int = 1,
+                      stages: dict[str, dict[str, Any]] | None = None
                       ) -> tuple[dict[str, Any], dict[str, StreamProcessor]]:
+    stages = STAGES if stages is None else stages
     buses = {}
-    for group in STAGES:
-        imports = EXPORT_TOPICS if STAGES[group].get("imports") else ()
+    for group, settings in stages.items():
+        imports = [t for t in EXPORT_TOPICS
+                   if exported_of(t) in settings.get("imports", ())]
         bus = InProcessTransport(subscribe=(*EVENT_TOPICS, *imports))
         bus.group = group  # its checkpoints and write tokens are its own, as in Kafka
         bus.ordered = False  # topics fetched independently: the kinds are aligned
         buses[group] = bus
     meta = publish_trace(trace, list(buses.values()))
     processors = {}
-    for group, settings in STAGES.items():
-        if group == "slow":  # what the tracking stage exported (again: at least once)
+    for group, settings in stages.items():
+        for name in sorted(settings.get("imports", ())):
+            # what the exporting stages published (again: at least once), their messages
+            # interleaved as a topic's partition receives them
+            sources = [buses[g].messages(export_topic(name)) for g, other in stages.items()
+                       if name in other.get("exports", ())]
             for _ in range(repeat_exports):
-                for m in buses["track"].messages(EXPORT_TOPICS[0]):
-                    buses["slow"].produce(m.topic, m.key, m.value, m.headers)
+                for ms in itertools.zip_longest(*sources):
+                    for m in ms:
+                        if m is not None:
+                            buses[group].produce(m.topic, m.key, m.value, m.headers)
         processors[group] = process_into(buses[group], store, **settings)
     return stored_diagnosis(store, meta.job), processors
 
@@ -86,9 +107,41 @@ def test_exports_delivered_twice_change_nothing(tmp_path: Path,
     online, processors = _staged_diagnosis(trace, tmp_path / "store", repeat_exports=2)
     assert differences(offline, online) == []
     slow = processors["slow"]
-    messages = processors["track"].transport.messages(EXPORT_TOPICS[0])
+    messages = processors["track"].transport.messages(export_topic("iterations"))
     sizes = [decode_export(m)[1].num_rows for m in messages]
     assert slow.stats.rows["iterations"] == 2 * sum(sizes) > 0
     assert max(sizes) == 300 and len(messages) > sum(sizes) / 300
     marks = [int(m.headers[H_WATERMARK]) for m in messages]
     assert marks == sorted(marks) and len(set(marks)) < len(marks)
+
+
+@pytest.mark.parametrize(("preset", "repeat"), [("mixed", 2), ("link", 1),
+                                               ("compute-multi", 1)])
+def test_evidence_reduced_by_two_stages_gives_the_offline_diagnosis(
+        preset: str, repeat: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processors reduce a half of the job's ranks each (``--detectors evidence --shard
+    i/2 --export evidence``); the slow-down group sums their rows and reads no ``coll`` row
+    itself; the diagnosis is ``failslow analyze``'s, every field. Delivered twice, in
+    messages of 300 rows (one batch's rows of a shard then span messages), the evidence
+    changes nothing."""
+    if repeat > 1:
+        monkeypatch.setattr(jobs, "EXPORT_MESSAGE_ROWS", 300)
+    trace = tmp_path / "trace"
+    subprocess.run([sys.executable, "-m", "failslow", "simulate", "--preset", preset,
+                    "--out", str(trace)], check=True, capture_output=True, timeout=300)
+    offline = json.loads(analyze(trace).to_json())
+    online, processors = _staged_diagnosis(trace, tmp_path / "store", repeat, REDUCED)
+    assert differences(offline, online) == []
+    assert offline["anomalies"]
+    slow = processors["slow"]
+    [job] = slow.jobs()
+    detector = slow.analyzer(job).detectors["slowdown"]  # type: ignore[attr-defined]
+    assert detector.evidence_imported and slow.stats.rows["evidence"] > 0
+    published = 0
+    for i in range(2):
+        reducer = processors[f"reduce{i}"]
+        assert set(reducer.analyzer(job).detectors) == {"evidence"}  # type: ignore[attr-defined]
+        published += sum(decode_export(m)[1].num_rows for m in
+                         reducer.transport.messages(export_topic("evidence")))
+    assert slow.stats.rows["evidence"] == repeat * published > 0
+    assert not slow.stats.dead_letters

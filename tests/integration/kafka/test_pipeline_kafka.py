@@ -454,6 +454,13 @@ SPLITS: dict[str, tuple[tuple[str, ...], list[tuple[str, ...]], str]] = {
     "track": (("--detectors", "iterations", "--export", "iterations"),
               [("--detectors", "slowdown,linkrate", "--import", "iterations"),
                ("--detectors", "hang")], "demo"),
+    # one of two evidence reducers killed; then the other, the tracking stage, the
+    # slow-down group summing both reducers' rows, and the hang group
+    "reduce": (("--detectors", "evidence", "--shard", "0/2", "--export", "evidence"),
+               [("--detectors", "evidence", "--shard", "1/2", "--export", "evidence"),
+                ("--detectors", "iterations", "--export", "iterations"),
+                ("--detectors", "slowdown,linkrate", "--import", "iterations,evidence"),
+                ("--detectors", "hang")], "demo"),
 }
 
 

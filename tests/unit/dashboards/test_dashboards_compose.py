@@ -50,7 +50,7 @@ def test_every_service_and_ports_on_loopback_only() -> None:
     services = doc["services"]
     assert set(services) == {"kafka", "clickhouse", "grafana", "processor", "archiver",
                              "notifier", "agent", "prometheus", "hang-detector",
-                             "iteration-tracker",
+                             "iteration-tracker", "evidence-reducer-0", "evidence-reducer-1",
                              "demo", "demo-notifier", "webhook-receiver"}  # profile demo
     published = []
     for name, s in services.items():
@@ -234,4 +234,36 @@ def test_split_profile_runs_one_jobs_detectors_in_three_groups() -> None:
     split = [JobConfig(detectors=parse_names("iterations")),
              JobConfig(detectors=parse_names("slowdown,linkrate"), imported=imported),
              JobConfig(detectors=parse_names("hang"))]
-    assert [sum(g.enabled(n) for g in split) for n in NAMES] == [1] * len(NAMES)
+    assert [sum(g.enabled(n) for g in split) for n in NAMES if n != "evidence"] == \
+        [1] * (len(NAMES) - 1)
+    assert not any(g.enabled("evidence") for g in split)  # (a stage of its own: below)
+
+
+def test_reduce_profile_reduces_the_evidence_in_two_shards() -> None:
+    """``--profile reduce``: two evidence reducers, shards 0/2 and 1/2, each in its own
+    consumer group, sizing their bins by the imported iterations and exporting their
+    evidence; with the processor importing it, every detector runs in exactly one group
+    (the reducer once per shard) and the slow-down detector reduces no row itself."""
+    from failslow.engine.registry import NAMES, JobConfig, parse_names
+    from failslow.stream.exports import parse_shard
+
+    services = _compose()["services"]
+    reducers = [services[f"evidence-reducer-{i}"] for i in range(2)]
+    groups, shards, split = set(), [], []
+    for service in reducers:
+        assert service["profiles"] == ["reduce"]
+        cmd = service["command"]
+        assert parse_names(cmd[cmd.index("--detectors") + 1]) == {"evidence"}
+        assert cmd[cmd.index("--export") + 1] == "evidence"
+        assert cmd[cmd.index("--import") + 1] == "iterations"
+        groups.add(cmd[cmd.index("--group") + 1])
+        shards.append(parse_shard(cmd[cmd.index("--shard") + 1]))
+        split.append(JobConfig(detectors=parse_names("evidence"), imported=frozenset(
+            {"iterations"}), evidence_shard=shards[-1]))
+    assert shards == [(0, 2), (1, 2)] and len(groups) == 2
+    split += [JobConfig(detectors=parse_names("iterations")),
+              JobConfig(detectors=parse_names("slowdown,linkrate"),
+                        imported=frozenset({"iterations", "evidence"})),
+              JobConfig(detectors=parse_names("hang"))]
+    counts = {n: sum(g.enabled(n) for g in split) for n in NAMES}
+    assert counts == {**{n: 1 for n in NAMES}, "evidence": 2}

@@ -85,9 +85,10 @@ def test_a_bad_export_message_is_told_what_is_wrong(breakage: str, reason: str) 
 
 
 def test_the_export_topics_are_created_like_event_topics() -> None:
-    assert EXPORT_TOPICS == ("failslow.derived.iterations",)
+    assert EXPORT_TOPICS == ("failslow.derived.evidence", "failslow.derived.iterations")
     assert set(EXPORT_TOPICS) <= set(ALL_TOPICS)
-    assert topic_configs(EXPORT_TOPICS[0]) == topic_configs("failslow.coll")
+    for topic in EXPORT_TOPICS:
+        assert topic_configs(topic) == topic_configs("failslow.coll")
     assert exported_of("failslow.derived.rounds") is None and exported_of("failslow.coll") is None
     with pytest.raises(ValueError, match="cannot be exported"):
         export_topic("rounds")
@@ -155,3 +156,53 @@ def test_a_job_snapshot_keeps_the_imported_rows_it_holds() -> None:
     again = jobs.restore("j", state)
     [held] = again.held["iterations"]
     assert held.equals(rows)
+
+
+def test_a_kind_several_shards_export_is_complete_up_to_the_least_of_them() -> None:
+    """Evidence comes from N reducers: the importer moves the kind on only as far as the
+    slowest of them, and not at all before it heard from all N."""
+    from failslow.detectors.slowdown.evidence_rows import SCHEMA
+    from failslow.stream.processor import StreamProcessor
+    from failslow.stream.state import pack_text, unpack_text
+    from failslow.stream.transport import InProcessTransport
+
+    config = ProcessorConfig(detectors=frozenset({"slowdown"}),
+                             imports=frozenset({"iterations", "evidence"}), align=True)
+    assert config.analyzer_kinds[-2:] == ("evidence", "iterations")
+    jobs = StreamProcessor(InProcessTransport(), None, config)._jobs
+    st = jobs.create(synth_meta("j"), 0)
+    none = with_emit_time("evidence", SCHEMA.empty_table(), 0)
+    jobs.add("j", "evidence", none, watermark=100, source=(0, 3))
+    jobs.add("j", "evidence", none, watermark=40, source=(2, 3))
+    assert "evidence" not in st.kind_wm
+    jobs.add("j", "evidence", none, watermark=50, source=(1, 3))
+    assert st.kind_wm["evidence"] == 40
+    jobs.add("j", "evidence", none, watermark=200, source=(2, 3))
+    assert st.kind_wm["evidence"] == 50
+    again = jobs.restore("j", unpack_text(pack_text(jobs.state_of(st))))
+    assert again.source_wm == {"evidence": {0: 100, 1: 50, 2: 200}}
+    assert again.sources == {"evidence": 3}
+
+
+def test_a_shard_is_said_in_the_header_and_checked() -> None:
+    from failslow.detectors.slowdown.evidence_rows import SCHEMA
+    from failslow.stream.exports import H_SOURCE, parse_shard, source_of
+
+    rows = with_emit_time("evidence", SCHEMA.empty_table(), 0)
+    value, headers = encode_export("evidence", rows, 9, source=(1, 4))
+    message = Message(export_topic("evidence"), "j", value, headers, offset=1)
+    assert decode_export(message)[0] == "evidence" and source_of(message) == (1, 4)
+    for bad in ("4/4", "x", "1/2/3", "-1/2"):
+        with pytest.raises(DecodeError, match="shard"):
+            source_of(Message(message.topic, "j", value, {**headers, H_SOURCE: bad}))
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+    with pytest.raises(ValueError, match="--shard"):
+        ProcessorConfig(detectors=frozenset({"evidence"}), exports=frozenset({"evidence"}))
+    with pytest.raises(ValueError, match="evidence shard 2/2"):
+        ProcessorConfig(evidence_shard=(2, 2))
+    reducer = ProcessorConfig(detectors=frozenset({"evidence"}), evidence_shard=(0, 2),
+                              exports=frozenset({"evidence"}),
+                              imports=frozenset({"iterations"}))
+    assert reducer.analyzer_kinds[-1] == "iterations" and "coll" in reducer.analyzer_kinds
+    assert "evidence" not in reducer.analyzer_kinds
