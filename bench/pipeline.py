@@ -282,6 +282,7 @@ def _phase(stats: dict[str, Any], rows: int, done_iterations: int, ranks: int,
     seen = int(sum(stats["rows"].values()))
     return {
         "rows_seen": seen, "complete": seen >= rows,
+        "rows_by_kind": {str(k): int(v) for k, v in stats["rows"].items() if v},
         "rows_per_s": round(rows / max(cpu, 1e-9)),
         "cpu_s_per_iteration": round(overall, 3),
         "steady_cpu_s_per_iteration": round(steady, 3),
@@ -340,8 +341,11 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
         # 6. the detection split over consumer groups by detector (process --detectors)
         runs.update({f"detect_{group}": ("--no-store-events", *flags)
                      for group, flags in DETECTOR_GROUPS})
-        # the slow-down group's baseline: tracking the iterations itself (the split before
-        # the tracking stage had a group of its own)
+        # the slow-down group's baselines: reducing the rows itself (the split before the
+        # evidence reducers had groups of their own), and tracking the iterations too
+        runs["detect_slowdown_own_evidence"] = ("--no-store-events", "--detectors",
+                                                "slowdown,linkrate", "--import",
+                                                "iterations")
         runs["detect_slowdown_own_tracker"] = ("--no-store-events", "--detectors",
                                                "slowdown,linkrate")
         for name, extra in runs.items():
@@ -406,15 +410,21 @@ def _codec_figures(produced: dict[str, Any], phases: dict[str, dict[str, Any]],
 #: tracks the iterations exports them to the slow-down group (``--export``/``--import``),
 #: so it runs first.
 DETECTOR_GROUPS = (("track", ("--detectors", "iterations", "--export", "iterations")),
+                   *((f"reduce{i}", ("--detectors", "evidence", "--shard", f"{i}/2",
+                                     "--import", "iterations", "--export", "evidence"))
+                     for i in range(2)),
                    ("slowdown", ("--detectors", "slowdown,linkrate",
-                                 "--import", "iterations")),
+                                 "--import", "iterations,evidence")),
                    ("hang", ("--detectors", "hang")))
+#: Groups whose work for one job is spread over processes (the evidence shards).
+SHARDED_GROUPS = frozenset({"reduce0", "reduce1"})
 
 #: The stages of the pipeline today, the processor run that measures each, and whether one
 #: job's work in it can be spread over processes (issue 13 item 3): storing, and detection
 #: in its consumer groups. ``detect`` (every detector in one group) is their baseline.
 STAGES = (("store", "store", False),
-          *((f"detect-{group}", f"detect_{group}", False) for group, _ in DETECTOR_GROUPS))
+          *((f"detect-{group}", f"detect_{group}", group in SHARDED_GROUPS)
+            for group, _ in DETECTOR_GROUPS))
 
 
 def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
@@ -448,11 +458,22 @@ def stage_figures(phases: dict[str, dict[str, Any]], figures: dict[str, Any]
             # the baselines: every detector in one consumer group; the slow-down group
             # tracking the iterations itself
             "detect_in_one_group": stage("detect", "detect", False),
-            **({"detect_slowdown_own_tracker": stage(
-                "detect-slowdown-own-tracker", "detect_slowdown_own_tracker", False)}
-               if "detect_slowdown_own_tracker" in phases else {}),
-            # the job-level stage (the detectors) reads the raw rows today
-            "job_stage_row_ratio": 1.0}
+            **{base: stage(base.replace("_", "-"), base, False)
+               for base in ("detect_slowdown_own_evidence", "detect_slowdown_own_tracker")
+               if base in phases},
+            # the job-level stage (the slow-down group) against the raw coll stream
+            **job_stage_rows(phases)}
+
+
+def job_stage_rows(phases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The rows the job-level stage (the slow-down group) reads, by kind, and the raw
+    ``coll`` rows over them (None: not measured)."""
+    job = phases.get("detect_slowdown", {}).get("rows_by_kind")
+    raw = phases.get("store", {}).get("rows_by_kind", {}).get("coll")
+    if not job or not raw:
+        return {"job_stage_rows": job, "job_stage_row_ratio": None}
+    return {"job_stage_rows": job,
+            "job_stage_row_ratio": round(raw / max(sum(job.values()), 1), 3)}
 
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

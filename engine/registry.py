@@ -22,6 +22,7 @@ from failslow.detectors.slowdown.stage import EvidenceStage
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
 from failslow.mitigation.planner import PlannerConfig
+from failslow.replay import DEFAULT_WINDOW_NS
 from failslow.settings import get_settings
 
 #: Known anomalies so far, for detectors that must not repeat another's (link-rate).
@@ -58,6 +59,8 @@ class JobConfig:
     #: this engine reduces shard (i, n) of the job's evidence for another stage
     #: (``failslow process --shard i/n``; None: the ``evidence`` stage does not run)
     evidence_shard: tuple[int, int] | None = None
+    #: the event time of the engine's windows (a stage sizes what it hands over by it)
+    window_ns: int = DEFAULT_WINDOW_NS
 
     def enabled(self, name: str) -> bool:
         if name == "linkrate" and self.linkrate is None:
@@ -91,7 +94,7 @@ def _slowdown(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
 
 def _evidence(meta: JobMeta, config: JobConfig, known: Known) -> Detector:
     shard, shards = config.evidence_shard or (0, 1)
-    return EvidenceStage(meta, config.slowdown, shard, shards)
+    return EvidenceStage(meta, config.slowdown, shard, shards, config.window_ns)
 
 
 def _linkrate(meta: JobMeta, config: JobConfig, known: Known) -> Detector:

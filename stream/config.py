@@ -182,7 +182,8 @@ WhatIfFactory = Callable[[JobMeta], WhatIf | None]
 def default_analyzer(meta: JobMeta, planner_costs: str = "",
                      detectors: frozenset[str] | None = None,
                      imported: frozenset[str] = frozenset(),
-                     evidence_shard: tuple[int, int] | None = None) -> Analyzer:
+                     evidence_shard: tuple[int, int] | None = None,
+                     window_ns: int = DEFAULT_WINDOW_NS) -> Analyzer:
     """A :class:`failslow.engine.analyzer.JobAnalyzer` for ``meta``, as ``failslow analyze``
     makes it, its mitigation planner's action costs ``planner_costs`` (``S2=5,S3=60,...``;
     empty: the defaults) applied, running the registered ``detectors`` (None: all) on the
@@ -192,7 +193,8 @@ def default_analyzer(meta: JobMeta, planner_costs: str = "",
 
     analyzer: Analyzer = JobAnalyzer(
         meta, JobConfig(planner=PlannerConfig.from_costs(planner_costs), detectors=detectors,
-                        imported=imported, evidence_shard=evidence_shard))
+                        imported=imported, evidence_shard=evidence_shard,
+                        window_ns=window_ns))
     return analyzer
 
 

@@ -68,6 +68,8 @@ class Writer:
         self.stop_requested = False
         #: messages polled while paused (should not happen), processed next
         self.held: list[Message] = []
+        #: the analysis time at the last CPU sample
+        self._analyzed_s = 0.0
 
     def flush(self, part: Partition, cut: Cut | None, publish: bool) -> None:
         """Write the partition's buffered rows (token of ``cut``), publish its reports."""
@@ -103,7 +105,11 @@ class Writer:
                 self.transport.produce(PROBE_REQUESTS_TOPIC, ask.job, ask.to_json(), {})
                 self.stats.probe_requests_published += 1
             self.stats.seconds["publish"] += time.perf_counter() - t0
-        if tables:
+        # a checkpoint that did work samples the CPU time: one that wrote rows or published
+        # exports, or one after analysis (a group may analyse much and write little)
+        analyzed = self.stats.seconds.get("analyze", 0.0)
+        if tables or part.exports or analyzed != self._analyzed_s:
+            self._analyzed_s = analyzed
             self.stats.last_checkpoint_ns = time.time_ns()
             self.stats.cpu_last_checkpoint_s = time.process_time()
             self.stats.cpu_samples.append((round(self.stats.cpu_last_checkpoint_s, 4),

@@ -135,7 +135,8 @@ class StreamProcessor(PartitionRecovery):
                                               planner_costs=config.planner_costs,
                                               detectors=config.detectors,
                                               imported=config.imports,
-                                              evidence_shard=config.evidence_shard)
+                                              evidence_shard=config.evidence_shard,
+                                              window_ns=config.window_ns)
         align = (not transport.ordered) if config.align is None else config.align
         self._jobs = Jobs(config, self.stats, factory, whatif_factory, self._parts,
                           self._idle_since, align)

@@ -47,7 +47,8 @@ class ProcessorStats:
     lag: int | None = None  # messages behind the end of the assigned partitions
     rows_per_s: float = 0.0  # decoded rows per second over the last metrics interval
     first_message_ns: int = 0  # wall time of the first message
-    last_checkpoint_ns: int = 0  # wall time of the last checkpoint that wrote rows
+    last_checkpoint_ns: int = 0  # wall time of the last checkpoint that did work (wrote
+    # rows, published exports, or followed analysis)
     cpu_first_message_s: float = 0.0  # CPU time of the process (all threads) at those two
     cpu_last_checkpoint_s: float = 0.0
     # (CPU time, rows decoded) at each checkpoint that wrote rows (the last 1000)

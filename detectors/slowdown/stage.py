@@ -13,8 +13,9 @@ baseline iteration time (:func:`.accounting.shift_for`, never finer later), and 
 baseline is a median of job iteration times it was given, so it is at least the shortest
 of them. The stage takes the shortest job iteration among those the detector has surely
 read before this batch: at least 3 (it knows its baseline after 3), derived at least
-:data:`SHIFT_LAG_NS` of event time before it (a job's batch merges at most
-``MAX_MERGED_WINDOWS`` windows, of at most 1 s). Finer bins than the detector's are exact
+:data:`SHIFT_LAG_WINDOWS` windows before it (a job's batch merges at most
+``MAX_MERGED_WINDOWS`` windows; every stage of a job analyses it in windows of one length,
+as the exports' ``t_emit`` already needs). Finer bins than the detector's are exact
 (it sums them into its own); before that the rows go at ``bin_shift``.
 
 A job whose meta lists no communicators cannot be split (the routing needs them): the
@@ -41,12 +42,12 @@ from failslow.detectors.slowdown.rounds import rounds_table
 from failslow.detectors.slowdown.shards import ShardRouter
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
-from failslow.replay import MAX_MERGED_WINDOWS
+from failslow.replay import DEFAULT_WINDOW_NS, MAX_MERGED_WINDOWS
 
 log = logging.getLogger(__name__)
 
-#: A job iteration bounds the bins once derived this much event time before a batch.
-SHIFT_LAG_NS = (MAX_MERGED_WINDOWS + 2) * 1_000_000_000
+#: A job iteration bounds the bins once derived this many windows before a batch.
+SHIFT_LAG_WINDOWS = MAX_MERGED_WINDOWS + 2
 #: ... and once the detector has read this many (it knows its baseline then).
 SHIFT_MIN_ITERATIONS = 3
 
@@ -67,13 +68,14 @@ class EvidenceStage:
     kinds: ClassVar[frozenset[str]] = frozenset({"coll"})
     produces: ClassVar[tuple[str, ...]] = ("evidence",)
 
-    def __init__(self, meta: JobMeta, config: SlowdownConfig, shard: int, shards: int
-                 ) -> None:
+    def __init__(self, meta: JobMeta, config: SlowdownConfig, shard: int, shards: int,
+                 window_ns: int = DEFAULT_WINDOW_NS) -> None:
         if not 0 <= shard < shards:
             raise ValueError(f"shard {shard} of {shards}: want 0 <= shard < shards")
         self.meta = meta
         self.config = config
         self.shard = shard
+        self.lag_ns = SHIFT_LAG_WINDOWS * window_ns
         self.router = ShardRouter(meta, shards)
         self.reducer = EvidenceReducer(meta, config)
         #: job iterations not yet old enough to size the bins: (derived at, duration)
@@ -121,7 +123,7 @@ class EvidenceStage:
 
     def _settle(self, now: int) -> None:
         """Size the bins by the job iterations derived long enough before ``now``."""
-        cut = now - SHIFT_LAG_NS
+        cut = now - self.lag_ns
         old = [d for t, d in self.recent if t < cut]
         if old:
             self.recent = [x for x in self.recent if x[0] >= cut]

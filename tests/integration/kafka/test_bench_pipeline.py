@@ -3,6 +3,8 @@ processor run, from the counters the processor writes with ``--stats-json``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from failslow.bench.pipeline import _phase, _steady
@@ -65,13 +67,22 @@ def test_stage_figures_keys_and_cores() -> None:
     from failslow.bench.pipeline import stage_figures
 
     figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
-    phases = {"store": {"cpu_s_per_iteration": 0.1}, "detect": {"cpu_s_per_iteration": 1.2},
-              "detect_track": {"cpu_s_per_iteration": 0.3},
-              "detect_slowdown": {"cpu_s_per_iteration": 1.0},
-              "detect_hang": {"cpu_s_per_iteration": 0.25}}
+    phases: dict[str, dict[str, Any]] = {
+        "store": {"cpu_s_per_iteration": 0.1, "rows_by_kind": {"coll": 9000, "span": 50}},
+        "detect": {"cpu_s_per_iteration": 1.2},
+        "detect_track": {"cpu_s_per_iteration": 0.3},
+        "detect_reduce0": {"cpu_s_per_iteration": 0.4},
+        "detect_reduce1": {"cpu_s_per_iteration": 0.4},
+        "detect_slowdown": {"cpu_s_per_iteration": 1.0,
+                            "rows_by_kind": {"coll": 9000, "evidence": 4000, "span": 50,
+                                             "iterations": 950}},
+        "detect_hang": {"cpu_s_per_iteration": 0.25}}
     out = stage_figures(phases, figures)
     stages = {s["name"]: s for s in out["stages"]}
-    assert list(stages) == ["store", "detect-track", "detect-slowdown", "detect-hang"]
+    assert list(stages) == ["store", "detect-track", "detect-reduce0", "detect-reduce1",
+                            "detect-slowdown", "detect-hang"]
+    assert [s["shardable"] for s in stages.values()] == [False, False, True, True, False,
+                                                         False]
     assert stages["detect-track"]["cpu_s_per_trace_s"] == pytest.approx(0.6)
     assert stages["store"]["cpu_s_per_trace_s"] == pytest.approx(0.2)
     assert stages["store"]["ranks_per_core"] == 4096 * 5
@@ -81,10 +92,12 @@ def test_stage_figures_keys_and_cores() -> None:
     assert out["detect_in_one_group"]["ranks_per_core"] == int(4096 / 2.4)
     # a group's detection of one job runs in one process: 16,384 ranks need 8 cores of it
     assert out["cores_for_16384_ranks"] is None and out["cores_for_65536_ranks"] is None
-    assert out["job_stage_row_ratio"] == 1.0
+    # the job-level stage still reads the raw coll rows (the link-rate detector's)
+    assert out["job_stage_row_ratio"] == pytest.approx(9000 / 14000, abs=1e-3)
+    assert out["job_stage_rows"]["evidence"] == 4000
     cheap = {name: {"cpu_s_per_iteration": 0.01} for name in phases}
     # one core per stage when each keeps up with the job on one core
-    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == 4
+    assert stage_figures(cheap, figures)["cores_for_16384_ranks"] == len(stages)
 
 
 def test_codec_figures_per_stage() -> None:
@@ -95,6 +108,8 @@ def test_codec_figures_per_stage() -> None:
     figures = {"ranks": 4096, "iterations": 10, "simulated_iteration_s": 0.5}
     phases = {name: {"cpu_s_per_iteration": cpu, "phases_s": {"decode": dec}}
               for name, cpu, dec in (("store", 0.1, 0.5), ("detect_track", 0.3, 0.5),
+                                     ("detect_reduce0", 0.4, 0.5),
+                                     ("detect_reduce1", 0.4, 0.5),
                                      ("detect_slowdown", 1.0, 1.0),
                                      ("detect_hang", 0.25, 0.0))}
     out = _codec_figures({"bytes": 12_345_678, "cpu": 3.21}, phases, figures)

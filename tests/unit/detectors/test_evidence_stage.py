@@ -110,7 +110,7 @@ def _same_state(x: Any, y: Any) -> None:
 def test_stages_give_the_evidence_and_reports_of_one_detector(
         name: str, shards: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # the job's batches are the stages' here: an iteration of an earlier batch is safe
-    monkeypatch.setattr(stage, "SHIFT_LAG_NS", 0)
+    monkeypatch.setattr(stage, "SHIFT_LAG_WINDOWS", 0)
     job = _job(name)
     one, expected = _one(job)
     staged, reports, stages, rows = _staged(job, shards)
@@ -128,7 +128,7 @@ def test_stages_give_the_evidence_and_reports_of_one_detector(
 
 
 def test_stages_restored_from_a_snapshot_go_on_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stage, "SHIFT_LAG_NS", 0)
+    monkeypatch.setattr(stage, "SHIFT_LAG_WINDOWS", 0)
     job = _job("pipeline-link")
     whole, expected, _, _ = _staged(job, 2)
     resumed, reports, stages, _ = _staged(job, 2, cut_at=40)
@@ -138,12 +138,12 @@ def test_stages_restored_from_a_snapshot_go_on_alike(monkeypatch: pytest.MonkeyP
 
 
 def test_the_bins_follow_iterations_only_once_the_detector_surely_has_them() -> None:
-    """At least 3 job iterations, derived ``SHIFT_LAG_NS`` before the batch: until then the
-    rows go at ``bin_shift``; then at the shortest iteration's eighth."""
+    """At least 3 job iterations, derived ``SHIFT_LAG_WINDOWS`` windows before the batch:
+    until then the rows go at ``bin_shift``; then at the shortest iteration's eighth."""
     config = SlowdownConfig()
     job = _job("pipeline-compute")
-    s = EvidenceStage(job.meta, config, 0, 1)
-    lag = stage.SHIFT_LAG_NS
+    s = EvidenceStage(job.meta, config, 0, 1, window_ns=50 * MS)
+    lag = stage.SHIFT_LAG_WINDOWS * 50 * MS
     durations = [400 * MS, 300 * MS, 500 * MS, 200 * MS]
     table = pa.table({"job": ["j"] * 4, "rank": [-1] * 4, "iteration": [1, 2, 3, 4],
                       "t_start": [0] * 4, "t_end": [0] * 4, "duration_ns": durations,

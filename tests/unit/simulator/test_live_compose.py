@@ -48,8 +48,9 @@ def test_demo_profile_services() -> None:
         for container, host in _binds(s).items():
             assert (REPO / host).is_file(), (name, container, host)
     for name, s in services.items():      # the default stack stays as it was
-        if name not in DEMO and name not in ("agent", "hang-detector",
-                                                      "iteration-tracker"):  # opt-in profiles
+        if name not in DEMO and name not in ("agent", "hang-detector", "iteration-tracker",
+                                             "evidence-reducer-0",
+                                             "evidence-reducer-1"):  # opt-in profiles
             assert "profiles" not in s, name
     demo = services["demo"]
     assert demo["environment"]["FAILSLOW_KAFKA"] == "kafka:9092"

@@ -206,3 +206,24 @@ def test_a_shard_is_said_in_the_header_and_checked() -> None:
                               imports=frozenset({"iterations"}))
     assert reducer.analyzer_kinds[-1] == "iterations" and "coll" in reducer.analyzer_kinds
     assert "evidence" not in reducer.analyzer_kinds
+
+
+def test_a_checkpoint_after_analysis_samples_the_cpu_even_without_rows_to_write() -> None:
+    """A group that analyses much and writes little (the slow-down group on imported
+    evidence) still gives the benchmark its CPU time at its last checkpoint."""
+    from failslow.stream.output import Writer
+    from failslow.stream.partitions import Partition
+    from failslow.stream.stats import ProcessorStats
+    from failslow.stream.transport import InProcessTransport
+
+    stats = ProcessorStats()
+    writer = Writer(InProcessTransport(), None, ProcessorConfig(), stats, lambda: None)
+    part = Partition(0)
+    writer.flush(part, None, publish=True)
+    assert stats.cpu_samples == []  # nothing done
+    stats.seconds["analyze"] += 0.5
+    stats.rows["coll"] += 10
+    writer.flush(part, None, publish=True)
+    assert [rows for _, rows in stats.cpu_samples] == [10]
+    writer.flush(part, None, publish=True)
+    assert len(stats.cpu_samples) == 1
