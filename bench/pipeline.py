@@ -23,7 +23,10 @@ replicas: 4096 ranks at scale 1, the simulator's operation mix, 12 iterations) g
 7. *codecs*: the job published again with the other Arrow IPC codec (``lz4`` when the
    settings say ``zstd``, and the reverse; ``FAILSLOW_KAFKA_COMPRESSION``) and the stages
    of 6 run on it: per codec the bytes on Kafka, the producer's CPU seconds, and per stage
-   its CPU and decoding seconds per second of trace (``codecs``).
+   its CPU and decoding seconds per second of trace (``codecs``);
+8. *reducer processes* (``--processes N``): the job's evidence reduced by 1, 2, ... N
+   processes side by side, their drain time, rows per second, CPU and consumer lag over
+   time (``reducer_processes``, :mod:`.reducer_scaling`; 1 process is their baseline).
 
 Capacity is a processor's CPU time (all its threads, pinned to one core) per iteration of
 the job, measured as rows over CPU seconds: *overall* (first message to last checkpoint,
@@ -53,10 +56,11 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from failslow.bench.reducer_scaling import reducer_scaling
 from failslow.settings import environment, get_settings
 
 WINDOW_NS = 100_000_000
@@ -257,7 +261,8 @@ def bench_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     if len(mine) > 1:  # the producer (this process) keeps off the processor's core
         os.sched_setaffinity(0, mine - {core})
     try:
-        return _run(sim, core, figures_base(sim, core))
+        processes = int(getattr(args, "processes", 0) or 0)
+        return _run(sim, core, figures_base(sim, core), processes, sorted(mine))
     finally:
         os.sched_setaffinity(0, mine)
 
@@ -297,7 +302,8 @@ def _phase(stats: dict[str, Any], rows: int, done_iterations: int, ranks: int,
     }
 
 
-def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
+def _run(sim: Any, core: int, figures: dict[str, Any], processes: int = 0,
+         cores: Sequence[int] = ()) -> dict[str, Any]:
     ranks, rows, done_iterations = figures["ranks"], figures["rows"], figures["iterations"]
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     with _broker() as bootstrap, tempfile.TemporaryDirectory(prefix="failslow-bench-") as tmp:
@@ -370,6 +376,13 @@ def _run(sim: Any, core: int, figures: dict[str, Any]) -> dict[str, Any]:
             "phases": phases,
         })
         figures.update(stage_figures(phases, figures))
+        # 8. one job's evidence reduced by 1..N processes side by side (--processes N)
+        if processes:
+            figures["reducer_processes"] = reducer_scaling(
+                bootstrap, prefix, Path(tmp), range(1, processes + 1), cores or [core],
+                figures, lambda d, c, group, *a: _processor(bootstrap, prefix, d, c,
+                                                            "--group", group, *a),
+                lambda p, d: _finish(p, d, 3600), _cpu)
         # 7. the stages again on messages of the other IPC codec (FAILSLOW_KAFKA_COMPRESSION)
         figures["codecs"] = {produced["codec"]: _codec_figures(produced, phases, figures)}
         other = "lz4" if produced["codec"] != "lz4" else "zstd"

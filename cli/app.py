@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0,
                        help="seed of benchmarks that draw their cases (accuracy: the "
                             "held-out suite; every draw changes with it)")
+    bench.add_argument("--processes", type=int, default=0, metavar="N",
+                       help="pipeline: also reduce the job's evidence with 1, 2, ... N "
+                            "processes side by side and show their throughput and "
+                            "consumer lag")
     bench.add_argument("--data", metavar="DIR", default=None,
                        help="input data of benchmarks that read some (changepoints: a TCPD "
                             "directory with annotations.json)")

@@ -119,3 +119,44 @@ def test_codec_figures_per_stage() -> None:
     assert stages["store"]["decode_cpu_s_per_trace_s"] == pytest.approx(0.1)
     assert stages["detect-slowdown"]["ranks_per_core"] == 2048
     assert stages["detect-hang"]["decode_cpu_s_per_trace_s"] == 0.0
+
+
+def test_reducer_processes_figures(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--processes N``: per process count, each reducer gets its shard and a core round
+    robin; the drain time spans the first message to the slowest last checkpoint; the lag
+    curve is sampled while they run."""
+    from failslow.bench import reducer_scaling as rs
+
+    monkeypatch.setattr(rs, "LAG_EVERY_S", 0.0)
+    lags = iter(range(100, 0, -1))
+    monkeypatch.setattr(rs, "_lag", lambda bootstrap, topics, groups: next(lags))
+    started: list[tuple[int, tuple[str, ...]]] = []
+
+    class Proc:
+        def __init__(self) -> None:
+            self.polls = 0
+
+        def poll(self) -> int | None:
+            self.polls += 1
+            return None if self.polls < 3 else 0
+
+    def start(d: Any, core: int, group: str, *args: str) -> Proc:
+        started.append((core, args))
+        return Proc()
+
+    def finish(p: Proc, d: Any) -> dict[str, Any]:
+        i = int(str(d).rsplit("-", 1)[1])
+        return {"first_message_ns": 1_000_000_000 + i, "last_checkpoint_ns": 3_000_000_000
+                + i * 1_000_000_000, "cpu": 2.0 + i}
+
+    figures = {"iterations": 10, "simulated_iteration_s": 0.5, "rows": 1_000_000}
+    out = rs.reducer_scaling("b", "p.", tmp_path, [1, 3], [0, 1], figures, start, finish,
+                             lambda s: float(s["cpu"]))
+    assert [o["processes"] for o in out] == [1, 3]
+    shards = [a[a.index("--shard") + 1] for _, a in started]
+    assert shards == ["0/1", "0/3", "1/3", "2/3"]
+    assert [c for c, _ in started] == [0, 0, 1, 0]
+    assert out[0]["drain_s"] == pytest.approx(2.0) and out[0]["rows_per_s"] == 500_000
+    assert out[1]["drain_s"] == pytest.approx(4.0)
+    assert out[1]["cpu_s_per_trace_s"] == [0.4, 0.6, 0.8] and out[1]["keeps_up"]
+    assert out[0]["lag"] and all(m > 0 for _, m in out[1]["lag"])
