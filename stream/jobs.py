@@ -78,6 +78,7 @@ class JobState:
     post_mortem: int | None = None
     ended: bool = False  # its post-mortem end was analysed: no more ticks
     export_wm: int = events.NULL_TIME  # the last watermark of its exported tables
+    missing_imports: set[str] = field(default_factory=set)  # imported kinds told missing
 
 
 class Jobs:
@@ -212,6 +213,13 @@ class Jobs:
             if idle_since is not None:
                 quiet = max(st.kind_seen.get(kind, st.first_data or now), idle_since)
                 if now - quiet >= self._align_idle_ns:
+                    if kind in self.config.imports and kind not in st.kind_seen \
+                            and kind not in st.missing_imports:
+                        # the stage that exports it may not run: say so once
+                        st.missing_imports.add(kind)
+                        log.warning("job %s: no %s rows from the stage that exports them "
+                                    "(failslow.derived.%s) after %.0f s: is it running?",
+                                    st.meta.job, kind, kind, self._align_idle_ns / 1e9)
                     continue  # nothing more of this kind
             wm = st.kind_wm.get(kind, events.NULL_TIME)
             horizon = wm if horizon is None else min(horizon, wm)

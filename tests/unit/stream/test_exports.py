@@ -227,3 +227,26 @@ def test_a_checkpoint_after_analysis_samples_the_cpu_even_without_rows_to_write(
     assert [rows for _, rows in stats.cpu_samples] == [10]
     writer.flush(part, None, publish=True)
     assert len(stats.cpu_samples) == 1
+
+
+def test_an_importer_says_once_when_the_exporting_stage_sends_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A slow-down group told to import the evidence while no reducer runs would otherwise
+    go on silently without it."""
+    import logging
+
+    from failslow.stream.processor import StreamProcessor
+    from failslow.stream.transport import InProcessTransport
+
+    config = ProcessorConfig(detectors=frozenset({"slowdown"}),
+                             imports=frozenset({"evidence"}), align=True, align_idle_s=0.0)
+    processor = StreamProcessor(InProcessTransport(), None, config)
+    jobs = processor._jobs
+    st = jobs.create(synth_meta("j"), 0)
+    processor._idle_since[0] = 0
+    with caplog.at_level(logging.WARNING, logger="failslow.stream.jobs"):
+        jobs.horizon(st)
+        jobs.horizon(st)
+    said = [r for r in caplog.records if "no evidence rows" in r.getMessage()]
+    assert len(said) == 1 and "is it running" in said[0].getMessage()
+    assert st.missing_imports == {"evidence"}
