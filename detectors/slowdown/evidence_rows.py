@@ -63,12 +63,11 @@ def evidence_table(job: str, ev: Evidence, registry: CommRegistry, shard: int) -
             if "cidx" in cols:
                 row["comm"] = ids[cols["cidx"]]
             chunks.append((part, row))
-    for r in ev.rounds:
-        if len(r):
-            chunks.append((CCLD, {"bin": np.zeros(len(r), dtype=np.int64), "comm": r.comm,
-                                  "group": r.group, "t": r.t_end, "dmax": r.dmax,
-                                  "dmin": r.dmin, "cls": (r.nbytes.astype(np.int64) << 4)
-                                  | r.op.astype(np.int64)}))
+    rounds = ev.ccld_rows()
+    if len(rounds["t"]):
+        chunks.append((CCLD, {**{k: v for k, v in rounds.items() if k != "cidx"},
+                              "bin": np.zeros(len(rounds["t"]), dtype=np.int64),
+                              "comm": ids[rounds["cidx"]]}))
     sizes = [len(c["bin"]) for _, c in chunks]
     n = int(sum(sizes))
     columns: dict[str, np.ndarray] = {

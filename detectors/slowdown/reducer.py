@@ -42,6 +42,11 @@ REDUCED_SPECS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str | None,
 REDUCED_TABLES = tuple(REDUCED_SPECS)
 
 
+def class_key(r: Rounds) -> np.ndarray:
+    """The raw round class of every round: ``bytes << 4 | op``."""
+    return (r.nbytes.astype(np.int64) << 4) | r.op.astype(np.int64)
+
+
 @dataclass
 class Evidence:
     """What reducers add to a job's evidence from one batch.
@@ -86,9 +91,8 @@ class Evidence:
 
     def ccld_rows(self) -> dict[str, np.ndarray]:
         """The fields of CCL-D's baselines of every round, joined here or imported."""
-        parts = [{"cidx": r.cidx, "group": r.group, "t": r.t_end, "dmax": r.dmax,
-                  "dmin": r.dmin,
-                  "cls": (r.nbytes.astype(np.int64) << 4) | r.op.astype(np.int64)}
+        parts = [{"cidx": r.cidx, "group": r.group, "cls": class_key(r), "t": r.t_end,
+                  "dmax": r.dmax, "dmin": r.dmin}
                  for r in self.rounds if len(r)] + self.ccld
         names = ("cidx", "group", "cls", "t", "dmax", "dmin")
         if not parts:
@@ -127,7 +131,7 @@ class EvidenceReducer:
     def _rounds(self, r: Rounds, ev: Evidence) -> None:
         """Waits, transfer times and ``T_max``/``T_min`` of the rounds (CCL-D §4.2)."""
         binr = r.t_end >> ev.shift
-        raw_cls = (r.nbytes.astype(np.int64) << 4) | r.op.astype(np.int64)
+        raw_cls = class_key(r)
         rng = (r.dmax - r.dmin).astype(np.float64)
         t = ev.tables
         t["grp"].append({"bin": binr, "cidx": r.cidx, "group": r.group, "cls": raw_cls,

@@ -273,3 +273,19 @@ def generate(tp: int = 2, pp: int = 2, dp: int = 2, microbatches: int = 4, layer
         fstart.append(iter_start[r][fl.start_iter])
         fend.append(iter_start[r][fl.end_iter] if fl.end_iter is not None else None)
     return Job(meta, {"coll": coll}, iter_start, true_iter, fstart, fend)
+
+
+#: Three jobs for the tests of evidence reducers sharing a job (tp, pp, dp, fault): a
+#: pipeline job with a compute straggler, one with a slow link across stages, and a pure
+#: data-parallel job (its DP rings cross every shard).
+SHARD_JOBS = {
+    "pipeline-compute": (2, 4, 2, Fault("compute", 12, factor=1.6, rank=5)),
+    "pipeline-link": (2, 2, 4, Fault("link", 12, factor=3.0, link=(3, 11))),
+    "pure-dp": (1, 1, 8, Fault("compute", 12, factor=1.8, rank=6)),
+}
+
+
+def shard_job(name: str, seed: int) -> Job:
+    """The job ``name`` of :data:`SHARD_JOBS`, 28 iterations."""
+    tp, pp, dp, fault = SHARD_JOBS[name]
+    return generate(tp=tp, pp=pp, dp=dp, iterations=28, faults=[fault], seed=seed)

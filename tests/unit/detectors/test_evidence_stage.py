@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.snapshots import roundtrip
-from support.synth_jobs import Fault, Job, generate
+from support.synth_jobs import SHARD_JOBS, Job, shard_job
 
 from failslow.detectors.iterations import IterationTracker, coll_columns
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector, stage
@@ -25,16 +25,8 @@ from failslow.stream.exports import with_emit_time
 
 MS = 1_000_000
 
-JOBS = {
-    "pipeline-compute": (2, 4, 2, Fault("compute", 12, factor=1.6, rank=5)),
-    "pipeline-link": (2, 2, 4, Fault("link", 12, factor=3.0, link=(3, 11))),
-    "pure-dp": (1, 1, 8, Fault("compute", 12, factor=1.8, rank=6)),
-}
-
-
 def _job(name: str) -> Job:
-    tp, pp, dp, fault = JOBS[name]
-    return generate(tp=tp, pp=pp, dp=dp, iterations=28, faults=[fault], seed=11)
+    return shard_job(name, seed=11)
 
 
 def _one(job: Job) -> tuple[SlowdownDetector, list[dict[str, Any]]]:
@@ -105,7 +97,7 @@ def _same_state(x: Any, y: Any) -> None:
         assert x == y
 
 
-@pytest.mark.parametrize("name", sorted(JOBS))
+@pytest.mark.parametrize("name", sorted(SHARD_JOBS))
 @pytest.mark.parametrize("shards", [1, 3])
 def test_stages_give_the_evidence_and_reports_of_one_detector(
         name: str, shards: int, monkeypatch: pytest.MonkeyPatch) -> None:

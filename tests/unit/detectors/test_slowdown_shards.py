@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from support.snapshots import roundtrip
-from support.synth_jobs import Fault, Job, generate
+from support.synth_jobs import SHARD_JOBS, Job, shard_job
 
 from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown import RECV, SEND, SlowdownConfig, SlowdownDetector
@@ -21,18 +21,8 @@ from failslow.replay import replay
 
 MS = 1_000_000
 
-#: (tp, pp, dp, fault): a pipeline job with a compute straggler, one with a slow link
-#: across stages, and a pure data-parallel job (its DP rings cross every shard)
-JOBS = {
-    "pipeline-compute": (2, 4, 2, Fault("compute", 12, factor=1.6, rank=5)),
-    "pipeline-link": (2, 2, 4, Fault("link", 12, factor=3.0, link=(3, 11))),
-    "pure-dp": (1, 1, 8, Fault("compute", 12, factor=1.8, rank=6)),
-}
-
-
 def _job(name: str) -> Job:
-    tp, pp, dp, fault = JOBS[name]
-    return generate(tp=tp, pp=pp, dp=dp, iterations=28, faults=[fault], seed=7)
+    return shard_job(name, seed=7)
 
 
 def _run(job: Job, shards: int, cut_at: int | None = None
@@ -57,7 +47,7 @@ def _tables(det: SlowdownDetector) -> dict[str, dict[str, np.ndarray]]:
     return {name: getattr(det.stats, name).data for name in TABLE_NAMES}
 
 
-@pytest.mark.parametrize("name", sorted(JOBS))
+@pytest.mark.parametrize("name", sorted(SHARD_JOBS))
 @pytest.mark.parametrize("shards", [2, 3, 5])
 def test_shards_give_the_evidence_and_diagnosis_of_one_reducer(name: str, shards: int) -> None:
     job = _job(name)
