@@ -65,9 +65,8 @@ class JobState:
     held_rows: int = 0
     kind_wm: dict[str, int] = field(default_factory=dict)  # kind -> event time complete
     # a kind several shards export: kind -> shard -> its watermark (kind_wm: the least,
-    # once every shard was heard from), and kind -> shard count
+    # once every shard was heard from)
     source_wm: dict[str, dict[int, int]] = field(default_factory=dict)
-    sources: dict[str, int] = field(default_factory=dict)
     kind_seen: dict[str, int] = field(default_factory=dict)  # kind -> monotonic ns
     first_data: int = 0  # monotonic ns of the first data message (0: none yet)
     # the job's window grid starts here (its first event time less one; None: no event yet)
@@ -192,7 +191,6 @@ class Jobs:
             shard, count = source
             marks = st.source_wm.setdefault(kind, {})
             marks[shard] = max(marks.get(shard, events.NULL_TIME), top)
-            st.sources[kind] = count
             top = min(marks.values()) if len(marks) >= count else None
         if top is not None and column is not None:
             st.kind_wm[kind] = max(st.kind_wm.get(kind, events.NULL_TIME), top)
@@ -527,7 +525,6 @@ class Jobs:
                 "held": held, "kind_wm": dict(st.kind_wm), "origin": st.origin,
                 "source_wm": {k: [[s, w] for s, w in sorted(m.items())]
                               for k, m in st.source_wm.items()},
-                "sources": dict(st.sources),
                 "post_mortem": st.post_mortem, "ended": st.ended,
                 "merged": {"tables": _encoded(merger.pending), "first": merger.first,
                            "now": merger.now},
@@ -566,7 +563,6 @@ class Jobs:
             ended=bool(d.get("ended", False)),
             source_wm={str(k): {int(s): int(w) for s, w in m}
                        for k, m in (d.get("source_wm") or {}).items()},
-            sources={str(k): int(v) for k, v in (d.get("sources") or {}).items()},
             merger=self._merger())
         st.held = _decoded(d.get("held", {}))
         st.held_rows = sum(t.num_rows for parts in st.held.values() for t in parts)

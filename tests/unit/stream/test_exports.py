@@ -181,7 +181,6 @@ def test_a_kind_several_shards_export_is_complete_up_to_the_least_of_them() -> N
     assert st.kind_wm["evidence"] == 50
     again = jobs.restore("j", unpack_text(pack_text(jobs.state_of(st))))
     assert again.source_wm == {"evidence": {0: 100, 1: 50, 2: 200}}
-    assert again.sources == {"evidence": 3}
 
 
 def test_a_shard_is_said_in_the_header_and_checked() -> None:
