@@ -1,5 +1,6 @@
 """``failslow analyze TRACE_DIR``: diagnose a trace directory
-(:func:`failslow.engine.offline.analyze`) and print the diagnosis as a table or JSON.
+(:func:`failslow.engine.offline.analyze`) and print the diagnosis as a table or JSON; on a
+terminal, a progress bar on standard error follows the replay.
 
 What an importer held out (``import.json``: the ranks whose records NCCL Inspector dropped)
 is printed as one line, and in the JSON as ``data_quality`` (an added field, diagnosis.md:
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from failslow.replay import DEFAULT_WINDOW_NS
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from failslow.diagnosis import Diagnosis
 
 log = logging.getLogger(__name__)
@@ -93,11 +96,51 @@ def _print_table(diag: Diagnosis) -> None:
     console.print(table)
 
 
+class ReplayBar:
+    """``failslow analyze``'s progress bar on standard error (only on a terminal): trace
+    seconds replayed of the trace's span, ``coll`` rows and anomalies so far, then the
+    phase after the replay (:class:`failslow.engine.offline.Progress`)."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console or Console(stderr=True)
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                            TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                            console=self.console, transient=True,
+                            disable=not self.console.is_terminal)
+        self.task = self.bar.add_task("replaying the trace", total=None, info="")
+        self.first = 0
+
+    def __enter__(self) -> ReplayBar:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def span(self, first_ns: int, last_ns: int) -> None:
+        self.first = first_ns
+        self.bar.update(self.task, total=max(last_ns - first_ns, 1))
+
+    def advance(self, now_ns: int, rows: int, anomalies: int) -> None:
+        done = max(now_ns - self.first, 0)
+        total = self.bar.tasks[0].total or 1
+        self.bar.update(self.task, completed=min(done, total), info=(
+            f"{done / 1e9:.1f} / {total / 1e9:.1f} s of trace, {rows:,} coll rows, "
+            f"anomalies: {anomalies}"))
+
+    def phase(self, name: str) -> None:
+        self.bar.update(self.task, description=name)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from failslow.engine import offline as analyzer
 
-    diag = analyzer.analyze(Path(args.trace_dir), window_ns=int(args.window_ms * 1e6),
-                            post_mortem=args.post_mortem)
+    with ReplayBar() as bar:
+        diag = analyzer.analyze(Path(args.trace_dir), window_ns=int(args.window_ms * 1e6),
+                                post_mortem=args.post_mortem, progress=bar)
     quality = data_quality(Path(args.trace_dir))
     if args.json:
         doc = diag.to_dict()

@@ -16,7 +16,8 @@ import gc
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from failslow.detectors.base import EventBatch
 from failslow.diagnosis import Diagnosis
 from failslow.engine.analyzer import JobAnalyzer, JobConfig
 from failslow.engine.registry import KINDS
-from failslow.engine.runner import run, steps
+from failslow.engine.runner import Progress, Tally, run, steps
 from failslow.events import JobMeta
 from failslow.replay import DEFAULT_WINDOW_NS, TIME_COLUMN, replay
 from failslow.tracedir import TraceDir
@@ -62,7 +63,8 @@ def is_post_mortem(trace_dir: str | Path) -> bool:
 
 
 def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
-            config: JobConfig | None = None, post_mortem: bool | None = None) -> Diagnosis:
+            config: JobConfig | None = None, post_mortem: bool | None = None,
+            progress: Progress | None = None) -> Diagnosis:
     """Diagnose a trace directory (events.md) into a :class:`~failslow.diagnosis.Diagnosis`.
 
     Accepts every valid trace: Parquet or JSON Lines, rows in any order, only ``meta.json``
@@ -77,7 +79,11 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
     ``post_mortem`` (default: what the trace's ``import.json`` says): the trace is a snapshot
     taken after the job stopped, so operations still in flight at its end never completed;
     the detectors get one last tick past the hang ceiling. A trace that was merely cut off
-    must not be analysed this way: its in-flight operations would look stuck."""
+    must not be analysed this way: its in-flight operations would look stuck.
+
+    ``progress``: told how far the replay is (trace time, ``coll`` rows, anomalies so far)
+    and when the what-if analysis starts; a summary is logged at the end (info)."""
+    started = time.monotonic()
     if post_mortem is None:
         post_mortem = is_post_mortem(trace_dir)
     td = TraceDir(trace_dir)
@@ -86,12 +92,21 @@ def analyze(trace_dir: str | Path, window_ns: int = DEFAULT_WINDOW_NS,
         meta = dataclasses.replace(meta, comms=infer_comms(_membership(td), meta))
     analyzer = JobAnalyzer(meta, config)
     whatif_input = WhatIfInput(meta, trace=td)
-    for step in steps(analyzer, replay_dir(td, window_ns), window_ns, post_mortem=post_mortem):
+    told = Tally(progress)
+    for step in steps(analyzer, replay_dir(td, window_ns, on_span=told.span), window_ns,
+                      post_mortem=post_mortem):
         whatif_input.add(step.batch)
+        told.step(step)
     diag = analyzer.diagnosis()
     del analyzer
     release_memory()  # the detectors' state, before the what-if analysis runs
+    told.phase("what-if analysis")
     whatif_input.into(diag)
+    log.info("job %s: %d coll rows of %d ranks, %.1f s of trace, analysed in %.1f s; "
+             "anomalies: %d%s", meta.job, told.rows, meta.world_size,
+             (told.last - told.first) / 1e9, time.monotonic() - started, len(diag.anomalies),
+             f"; incomplete: {', '.join(x['part'] for x in diag.incomplete)}"
+             if diag.incomplete else "")
     return diag
 
 
@@ -495,23 +510,28 @@ class _Pieces:
         return events.conform(pa.Table.from_batches([batch]), src.kind, str(src.path), offset)
 
 
-def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[str, ...] = KINDS
+def replay_dir(td: TraceDir, window_ns: int = DEFAULT_WINDOW_NS, kinds: tuple[str, ...] = KINDS,
+               on_span: Callable[[int, int], None] | None = None
                ) -> Iterator[tuple[int, EventBatch]]:
     """:func:`failslow.replay.replay` of a trace directory, reading Parquet row groups only
-    when their time comes (the same windows and batches as a replay of the whole tables)."""
+    when their time comes (the same windows and batches as a replay of the whole tables).
+    ``on_span(first_ns, last_ns)``: the trace's time span, before the first window."""
     if window_ns <= 0:
         raise ValueError("window_ns must be positive")
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="failslow-read") as pool:
         yield from _replay_sources([_Source(td, k, pool) for k in kinds if k in td.kinds],
-                                   window_ns)
+                                   window_ns, on_span)
 
 
-def _replay_sources(sources: list[_Source], window_ns: int
+def _replay_sources(sources: list[_Source], window_ns: int,
+                    on_span: Callable[[int, int], None] | None = None
                     ) -> Iterator[tuple[int, EventBatch]]:
     bounds = [b for b in (s.bounds() for s in sources) if b is not None]
     if not bounds:
         return
     t0, t1 = min(b[0] for b in bounds), max(b[1] for b in bounds)
+    if on_span is not None:
+        on_span(t0, t1)
     # the windows of failslow.replay.replay: (now - window, now], from t0 - 1
     n = (t1 - (t0 - 1) + window_ns - 1) // window_ns
     for k in range(1, n + 1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from failslow.detectors.base import EventBatch
 from failslow.engine.analyzer import JobAnalyzer, Output
@@ -65,3 +66,41 @@ def run(analyzer: JobAnalyzer, windows: Iterable[tuple[int, EventBatch]],
     for _ in steps(analyzer, windows, window_ns, post_mortem=post_mortem):
         pass
     return analyzer
+
+
+class Progress(Protocol):
+    """What a long analysis tells the one who waits (``failslow analyze``'s progress bar):
+    the trace's time span, then each analysed batch, then the phase after the replay."""
+
+    def span(self, first_ns: int, last_ns: int) -> None: ...
+
+    def advance(self, now_ns: int, rows: int, anomalies: int) -> None: ...
+
+    def phase(self, name: str) -> None: ...
+
+
+class Tally:
+    """What a run counts as it goes (``coll`` rows, distinct anomalies, the trace's span),
+    passed on to the caller's :class:`Progress`."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+        self.first = self.last = 0
+        self.rows = 0
+        self.ids: set[str] = set()
+
+    def span(self, first_ns: int, last_ns: int) -> None:
+        self.first, self.last = first_ns, last_ns
+        if self.progress is not None:
+            self.progress.span(first_ns, last_ns)
+
+    def step(self, step: Step) -> None:
+        coll = step.batch.get("coll")
+        self.rows += 0 if coll is None else coll.num_rows
+        self.ids.update(a.id for out in step.outputs for a in out.anomalies)
+        if self.progress is not None:
+            self.progress.advance(step.now, self.rows, len(self.ids))
+
+    def phase(self, name: str) -> None:
+        if self.progress is not None:
+            self.progress.phase(name)
