@@ -12,21 +12,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow.detectors.base import EventBatch
+from failslow.events import NULL_TIME
 from failslow.replay import TIME_COLUMN
 from failslow.stream.transport import H_END, H_WATERMARK, Message
 
 
 def split_at(table: pa.Table, column: str, horizon: int) -> tuple[pa.Table, pa.Table]:
-    """Rows with ``column <= horizon`` and the others; zero-copy slices when the column is
-    in order (it usually is: messages arrive in time order)."""
+    """Rows with ``column <= horizon`` and the others (a null time counts as the least),
+    both in time order (ties: in table order, as :func:`failslow.replay.cut` orders them):
+    zero-copy slices when the column is in order, else one stable sort. Rows out of order
+    are common: messages of several agents, or of several stages' shards, interleave."""
     t = table.column(column)
-    if t.null_count == 0:
-        values = t.to_numpy()
-        if values.size < 2 or not bool((values[1:] < values[:-1]).any()):
-            cut = int(np.searchsorted(values, horizon, side="right"))
-            return table.slice(0, cut), table.slice(cut)
-    mask = pc.fill_null(pc.less_equal(t, horizon), True)
-    return table.filter(mask), table.filter(pc.invert(mask))
+    values = t.to_numpy() if t.null_count == 0 else pc.fill_null(t, NULL_TIME).to_numpy()
+    if values.size > 1 and bool((values[1:] < values[:-1]).any()):
+        order = np.argsort(values, kind="stable")
+        table, values = table.take(pa.array(order)), values[order]
+    cut = int(np.searchsorted(values, horizon, side="right"))
+    return table.slice(0, cut), table.slice(cut)
 
 
 def watermark(message: Message) -> int | None:
