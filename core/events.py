@@ -178,8 +178,9 @@ def conform(table: pa.Table, kind: str, source: str = "", row_offset: int = 0) -
     """
     schema = SCHEMAS[kind]
     arrays: list[pa.Array | pa.ChunkedArray] = []
+    names = set(table.column_names)  # (a new list per call: not in the loop)
     for field in schema:
-        if field.name not in table.column_names:
+        if field.name not in names:
             if field.nullable:
                 arrays.append(pa.nulls(table.num_rows, field.type))
                 continue
@@ -192,7 +193,8 @@ def conform(table: pa.Table, kind: str, source: str = "", row_offset: int = 0) -
             raise ContractError("null in a required column", source=source,
                                 row=row_offset + bad, column=field.name)
         arrays.append(col)
-    extra = [n for n in table.column_names if n not in schema.names]
+    known = set(schema.names)
+    extra = [n for n in table.column_names if n not in known]
     out = pa.Table.from_arrays(arrays, schema=schema)
     for name in extra:
         out = out.append_column(name, table.column(name))

@@ -138,7 +138,8 @@ def decode_export(message: Message) -> tuple[str, pa.Table]:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
         raise DecodeError("malformed", f"not an Arrow IPC stream ({e})") from None
     schema = schema_of(name)
-    missing = [f.name for f in schema if f.name not in table.column_names]
+    names = set(table.column_names)
+    missing = [f.name for f in schema if f.name not in names]
     if missing:
         raise DecodeError("contract", f"{message.topic}@{message.offset}: no column(s) "
                                       f"{', '.join(missing)}")

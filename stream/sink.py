@@ -194,8 +194,9 @@ def select_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
     if table.schema.equals(schema):
         return table
     arrays = []
+    names = set(table.column_names)
     for f in schema:
-        if f.name in table.column_names:
+        if f.name in names:
             col = table.column(f.name)
             arrays.append(col if col.type == f.type else col.cast(f.type))
         else:
