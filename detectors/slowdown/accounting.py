@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from failslow.detectors.slowdown.bins import BinTable, _KeyIndex
-from failslow.detectors.slowdown.ccld import CCLDMonitor
+from failslow.detectors.slowdown.ccld import CCLDMonitor, pack_class
 from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.config import SPAN_PASSES, SlowdownConfig, pure_dp
 from failslow.detectors.slowdown.gaps import PASS_BIN_SHIFT
@@ -109,13 +109,15 @@ class BinnedStats:
             cls = self.classes.lookup(r["cls"])
             self.ccld.update(self.ccld_key(r["cidx"], r["group"], cls), r["t"], r["dmax"],
                              r["dmin"])
+        for w in ev.ccld_windows:  # a reducing stage's rounds past their class's baseline
+            cls = self.classes.lookup(w["cls"])
+            self.ccld.add_windows(self.ccld_key(w["cidx"], w["group"], cls), w["bin"],
+                                  w["n"], w["dmax"], w["dmin"])
 
     def ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """One int64 per round class: communicator, point-to-point pair (0 for a
         collective) and (op, bytes) class."""
-        gid = self.group_ids.lookup(np.asarray(group, dtype=np.int64))
-        return ((np.asarray(cidx, dtype=np.int64) << 40) | (gid << 20)
-                | np.asarray(cls, dtype=np.int64))
+        return pack_class(cidx, self.group_ids.lookup(np.asarray(group, dtype=np.int64)), cls)
 
     def account_links(self, link: pa.Table) -> None:
         cols = self.links.update(link)

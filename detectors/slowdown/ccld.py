@@ -40,6 +40,14 @@ def ccld_ratios(t_base: float, dmax: np.ndarray, dmin: np.ndarray, skew_base: fl
     return round(r_val, 4), p_val
 
 
+def pack_class(cidx: np.ndarray, gid: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """One int64 per round class (CCL-D §4.2.1: communicator, op, bytes): the
+    communicator's index, a dense id of the point-to-point pair (0 for a collective) and a
+    dense id of the (op, bytes) class."""
+    return ((np.asarray(cidx, dtype=np.int64) << 40) | (np.asarray(gid, dtype=np.int64) << 20)
+            | np.asarray(cls, dtype=np.int64))
+
+
 def cause_from_p(p: float | None, alpha: float = 0.4, beta: float = 0.6) -> str | None:
     """CCL-D's attribution from P: compute above beta, communication below alpha, mixed
     between; None when P is unknown."""
@@ -105,12 +113,42 @@ class CCLDMonitor:
     def update(self, key: np.ndarray, t_end: np.ndarray, dmax: np.ndarray, dmin: np.ndarray
                ) -> None:
         """Account completed rounds (arrays per round, any order)."""
-        c = self.config
         if len(key) == 0:
             return
         d_all = self._dense(key)
         mx_all = dmax.astype(np.float64)
         mn_all = dmin.astype(np.float64)
+        self._learn(d_all, t_end, mx_all, mn_all)
+        w = t_end // int(self.config.ccld_window_s * 1e9)
+        self.windows.add({"bin": w, "key": d_all, "n": np.ones(len(d_all)),
+                          "range": mx_all - mn_all, "tmax": mx_all, "tmin": mn_all})
+
+    def learn(self, key: np.ndarray, t_end: np.ndarray, dmax: np.ndarray,
+              dmin: np.ndarray) -> np.ndarray:
+        """Only the baselines' part of :meth:`update`; returns which rounds belong to a
+        class still learning its baseline (the others count only in their window, so a
+        reducing stage may send them summed per window: :meth:`add_windows`)."""
+        if len(key) == 0:
+            return np.zeros(0, dtype=bool)
+        d_all = self._dense(key)
+        return self._learn(d_all, t_end, dmax.astype(np.float64), dmin.astype(np.float64))
+
+    def add_windows(self, key: np.ndarray, window: np.ndarray, n: np.ndarray,
+                    tmax: np.ndarray, tmin: np.ndarray) -> None:
+        """Rounds of classes past their baseline, summed per detection window and class
+        as :meth:`update` sums them (``n`` rounds; the round with the largest range gives
+        ``tmax`` and ``tmin``, the first of them on a tie)."""
+        if len(key) == 0:
+            return
+        mx, mn = tmax.astype(np.float64), tmin.astype(np.float64)
+        self.windows.add({"bin": np.asarray(window, dtype=np.int64), "key": self._dense(key),
+                          "n": np.asarray(n, dtype=np.float64), "range": mx - mn,
+                          "tmax": mx, "tmin": mn})
+
+    def _learn(self, d_all: np.ndarray, t_end: np.ndarray, mx_all: np.ndarray,
+               mn_all: np.ndarray) -> np.ndarray:
+        """The baselines of the classes still learning (Eq. 1); returns those rounds."""
+        c = self.config
         horizon = int(c.baseline_seconds * 1e9)
         # only classes still learning T_base need the per-class bookkeeping
         learning = (self.n[d_all] < c.baseline_rounds) & ~self.frozen[d_all]
@@ -134,10 +172,7 @@ class CCLDMonitor:
             self.n += np.bincount(d[take], minlength=len(self.n))
             # a class whose rounds run past its first two minutes is frozen (Eq. 1)
             self.frozen[np.unique(d[~in_time])] = True
-        te, mx, mn, d = t_end, mx_all, mn_all, d_all
-        w = te // int(c.ccld_window_s * 1e9)
-        self.windows.add({"bin": w, "key": d, "n": np.ones(len(d)), "range": mx - mn,
-                          "tmax": mx, "tmin": mn})
+        return learning
 
     def base(self, key: int, until: int | None = None) -> tuple[float | None, float]:
         """``(T_base, healthy range)`` of a class from its baseline rounds that ended

@@ -3,8 +3,10 @@ reducers in their own processes"): what an :class:`~.reducer.EvidenceReducer` re
 one batch (:class:`~.reducer.Evidence`), as one Arrow table a reducing stage exports over
 Kafka and the job's slow-down detector sums (:meth:`.accounting.BinnedStats.absorb`).
 
-One row per bin row of a reduced table (column ``part``: its index in :data:`PARTS`), and
-one ``ccld`` row per completed round (the fields of CCL-D's baselines, §4.2). Communicators
+One row per bin row of a reduced table (column ``part``: its index in :data:`PARTS`), one
+``ccld`` row per completed round of a class still learning CCL-D's baseline (§4.2.1), and
+one ``ccldw`` row per CCL-D detection window and class for the rounds past it (``bin``: the
+window, not shifted; :meth:`~.ccld.CCLDMonitor.add_windows`). Communicators
 travel by their id (``comm``), not by the reducer's dense index: each side maps them with
 its own :class:`~.comms.CommRegistry`. Columns keep the reducer's dtypes, so the job's bin
 tables are those of one process, bit for bit. ``shift`` is the bin width the rows were
@@ -22,8 +24,9 @@ from failslow.detectors.slowdown.comms import CommRegistry
 from failslow.detectors.slowdown.reducer import REDUCED_TABLES, Evidence
 
 #: What a row is: a bin row of one of the reduced tables, or a round for CCL-D.
-PARTS: tuple[str, ...] = (*REDUCED_TABLES, "ccld")
+PARTS: tuple[str, ...] = (*REDUCED_TABLES, "ccld", "ccldw")
 CCLD = PARTS.index("ccld")
+CCLD_WINDOWS = PARTS.index("ccldw")
 
 #: Columns of each part besides ``bin`` (``comm`` stands for the reducer's ``cidx``;
 #: a ``ccld`` row's ``cls`` is the raw class key and ``t`` the round's end).
@@ -34,6 +37,7 @@ PART_COLUMNS: dict[str, tuple[str, ...]] = {
     "comp": ("rank", "d"),
     "passes": ("rank", "pass", "d"),
     "ccld": ("comm", "group", "cls", "t", "dmax", "dmin"),
+    "ccldw": ("comm", "group", "cls", "n", "dmax", "dmin"),
 }
 _FLOAT = frozenset({"n", "xfer", "range", "d"})
 
@@ -68,6 +72,9 @@ def evidence_table(job: str, ev: Evidence, registry: CommRegistry, shard: int) -
         chunks.append((CCLD, {**{k: v for k, v in rounds.items() if k != "cidx"},
                               "bin": np.zeros(len(rounds["t"]), dtype=np.int64),
                               "comm": ids[rounds["cidx"]]}))
+    for cols in ev.ccld_windows:
+        chunks.append((CCLD_WINDOWS, {**{k: v for k, v in cols.items() if k != "cidx"},
+                                      "comm": ids[cols["cidx"]]}))
     sizes = [len(c["bin"]) for _, c in chunks]
     n = int(sum(sizes))
     columns: dict[str, np.ndarray] = {
@@ -99,7 +106,9 @@ def evidence_of(table: pa.Table, registry: CommRegistry, shift: int) -> Evidence
     if not table.num_rows:
         return ev
     part = table.column("part").to_numpy()
-    delta = shift - table.column("shift").to_numpy().astype(np.int64)
+    # a ccldw row's bin is a CCL-D window, which no bin width changes
+    delta = np.where(part == CCLD_WINDOWS, 0,
+                     shift - table.column("shift").to_numpy().astype(np.int64))
     bins = table.column("bin").to_numpy()
     if delta.any():
         ev.coarser_rows = int((delta < 0).sum())
@@ -119,6 +128,8 @@ def evidence_of(table: pa.Table, registry: CommRegistry, shift: int) -> Evidence
                 cols[k] = table.column(k).to_numpy()[rows]
         if name == "ccld":
             ev.ccld.append(cols)
+        elif name == "ccldw":
+            ev.ccld_windows.append(cols)
         else:
             ev.tables[name].append(cols)
     return ev

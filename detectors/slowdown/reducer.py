@@ -58,13 +58,16 @@ class Evidence:
     ``rounds``: the completed rounds (the ``rounds`` output and CCL-D's baselines);
     ``ccld``: rounds that came as rows from another stage (:mod:`.evidence_rows`), only
     the fields of CCL-D's baselines (``cidx``, ``group``, ``cls`` raw, ``t`` = end,
-    ``dmax``, ``dmin``)."""
+    ``dmax``, ``dmin``); ``ccld_windows``: rounds of classes past their baseline, summed
+    per CCL-D detection window by that stage (``bin`` = window, ``n`` rounds, ``dmax`` and
+    ``dmin`` of the one with the largest range: :meth:`.ccld.CCLDMonitor.add_windows`)."""
 
     shift: int
     tables: dict[str, list[dict[str, np.ndarray]]] = field(
         default_factory=lambda: {name: [] for name in REDUCED_TABLES})
     rounds: list[Rounds] = field(default_factory=list)
     ccld: list[dict[str, np.ndarray]] = field(default_factory=list)
+    ccld_windows: list[dict[str, np.ndarray]] = field(default_factory=list)
     #: imported rows summed at bins coarser than ``shift`` (should not happen: .stage)
     coarser_rows: int = 0
 
@@ -74,6 +77,7 @@ class Evidence:
             self.tables[name].extend(parts)
         self.rounds.extend(other.rounds)
         self.ccld.extend(other.ccld)
+        self.ccld_windows.extend(other.ccld_windows)
 
     def all_rounds(self) -> Rounds:
         return _concat_rounds([r for r in self.rounds if len(r)])
@@ -81,7 +85,8 @@ class Evidence:
     def summed(self) -> Evidence:
         """The same evidence with each table's rows summed per key and bin (as its
         :class:`.bins.BinTable` sums them: a sum of sums is the same sum)."""
-        out = Evidence(self.shift, rounds=self.rounds, ccld=self.ccld)
+        out = Evidence(self.shift, rounds=self.rounds, ccld=self.ccld,
+                       ccld_windows=self.ccld_windows)
         for name, parts in self.tables.items():
             if parts:
                 keys, sums, arg, carried = REDUCED_SPECS[name]

@@ -35,9 +35,11 @@ from failslow import results
 from failslow.detectors.base import EventBatch
 from failslow.detectors.iterations import coll_columns
 from failslow.detectors.slowdown.accounting import shift_for
+from failslow.detectors.slowdown.bins import _aggregate, _KeyIndex
+from failslow.detectors.slowdown.ccld import CCLDMonitor, pack_class
 from failslow.detectors.slowdown.config import SlowdownConfig
 from failslow.detectors.slowdown.evidence_rows import SCHEMA, evidence_table
-from failslow.detectors.slowdown.reducer import EvidenceReducer
+from failslow.detectors.slowdown.reducer import Evidence, EvidenceReducer
 from failslow.detectors.slowdown.rounds import rounds_table
 from failslow.detectors.slowdown.shards import ShardRouter
 from failslow.diagnosis import Anomaly
@@ -78,6 +80,11 @@ class EvidenceStage:
         self.lag_ns = SHIFT_LAG_WINDOWS * window_ns
         self.router = ShardRouter(meta, shards)
         self.reducer = EvidenceReducer(meta, config)
+        #: the job's CCL-D baselines as far as this shard's round classes go (only their
+        #: learning: :meth:`_ccld_summed`), and the dense ids of its classes' parts
+        self.ccld = CCLDMonitor(config)
+        self.ccld_classes = _KeyIndex()
+        self.ccld_groups = _KeyIndex()
         #: job iterations not yet old enough to size the bins: (derived at, duration)
         self.recent: list[tuple[int, int]] = []
         self.settled = 0  # iterations old enough, and the shortest of them
@@ -101,13 +108,39 @@ class EvidenceStage:
             self._settle(now)
             rows, own = self.router.rows_of(coll, self.shard)
             ev = self.reducer.update(rows, self.shift, own).summed()
-            self.last["evidence"] = evidence_table(self.meta.job, ev, self.reducer.registry,
-                                                   self.shard)
+            self.last["evidence"] = evidence_table(self.meta.job, self._ccld_summed(ev),
+                                                   self.reducer.registry, self.shard)
             r = ev.all_rounds()
             if len(r):
                 self.last["rounds"] = rounds_table(self.meta.job, r)
         self._learn(batch.get("iterations"))
         return []
+
+    def _ccld_summed(self, ev: Evidence) -> Evidence:
+        """``ev`` with the rounds of classes past CCL-D's baseline summed per detection
+        window and class (one row each), as the job's monitor sums them: only the rounds
+        of classes still learning their baseline go one by one. All rounds of a class are
+        joined in one shard (:mod:`.shards`), so this shard's copy of the monitor's
+        learning (:meth:`~.ccld.CCLDMonitor.learn`, on the same rounds in the same
+        batches) knows when the job's does."""
+        r = ev.ccld_rows()
+        if not len(r["t"]):
+            return ev
+        key = pack_class(r["cidx"], self.ccld_groups.lookup(r["group"]),
+                         self.ccld_classes.lookup(r["cls"]))
+        learning = self.ccld.learn(key, r["t"], r["dmax"], r["dmin"])
+        out = Evidence(ev.shift, tables=ev.tables,
+                       ccld=[{k: v[learning] for k, v in r.items()}])
+        if not learning.all():
+            done = {k: v[~learning] for k, v in r.items()}
+            done["bin"] = done.pop("t") // int(self.config.ccld_window_s * 1e9)
+            done["n"] = np.ones(len(done["bin"]))
+            done["range"] = done["dmax"].astype(np.float64) - done["dmin"].astype(np.float64)
+            summed = _aggregate(done, ("bin", "cidx", "group", "cls"), ("n",), "range",
+                                ("dmax", "dmin"))
+            summed.pop("range")
+            out.ccld_windows.append(summed)
+        return out
 
     def _learn(self, iterations: pa.Table | None) -> None:
         """Note the batch's imported job iterations (after its rows were summed: the
@@ -139,7 +172,9 @@ class EvidenceStage:
     def snapshot(self) -> dict[str, Any]:
         return {"shard": self.shard, "shards": self.router.shards,
                 "reducer": self.reducer.snapshot(), "recent": [list(x) for x in self.recent],
-                "settled": self.settled, "shortest": self.shortest}
+                "settled": self.settled, "shortest": self.shortest,
+                "ccld": self.ccld.snapshot(), "ccld_classes": self.ccld_classes.pairs(),
+                "ccld_groups": self.ccld_groups.pairs()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.recent = [(int(t), int(d)) for t, d in state.get("recent", [])]
@@ -147,7 +182,14 @@ class EvidenceStage:
         self.shortest = int(state.get("shortest", 0))
         if (int(state["shard"]), int(state["shards"])) == (self.shard, self.router.shards):
             self.reducer.restore(state["reducer"])
-        else:  # its rounds in flight were routed otherwise
+            if state.get("ccld") is not None:  # (before 2026-11-30: every round one by one)
+                self.ccld.restore(state["ccld"])
+                self.ccld_classes = _KeyIndex([(int(k), int(i))
+                                               for k, i in state["ccld_classes"]])
+                self.ccld_groups = _KeyIndex([(int(k), int(i))
+                                              for k, i in state["ccld_groups"]])
+        else:  # its rounds in flight were routed otherwise; its classes' rounds go one by
+            # one until learned again here (exact, only less summed)
             log.warning("job %s: the snapshot of evidence shard %s/%s restored into shard "
                         "%d/%d; its incomplete rounds are dropped", self.meta.job,
                         state["shard"], state["shards"], self.shard, self.router.shards)

@@ -5,6 +5,7 @@ the CCL-D baselines and the reports of one detector reducing every row itself.""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from support.synth_jobs import SHARD_JOBS, Job, shard_job
 from failslow.detectors.iterations import IterationTracker, coll_columns
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector, stage
 from failslow.detectors.slowdown.accounting import TABLE_NAMES, shift_for
-from failslow.detectors.slowdown.evidence_rows import evidence_of, evidence_table
+from failslow.detectors.slowdown.evidence_rows import PARTS, evidence_of, evidence_table
 from failslow.detectors.slowdown.reducer import EvidenceReducer
 from failslow.detectors.slowdown.stage import EvidenceStage
 from failslow.engine.imports import EvidenceImport
@@ -38,7 +39,8 @@ def _one(job: Job) -> tuple[SlowdownDetector, list[dict[str, Any]]]:
 
 
 def _staged(job: Job, shards: int, cut_at: int | None = None
-            ) -> tuple[SlowdownDetector, list[dict[str, Any]], list[EvidenceStage], int]:
+            ) -> tuple[SlowdownDetector, list[dict[str, Any]], list[EvidenceStage],
+                       Counter[str]]:
     """The tracking stage, ``shards`` evidence stages and the job's detector on the same
     batches, the rows handed over as they travel (with their ``t_emit``); ``cut_at``: the
     stages snapshot after that many batches and go on restored."""
@@ -48,7 +50,7 @@ def _staged(job: Job, shards: int, cut_at: int | None = None
     det = SlowdownDetector(job.meta, config, own_tracker=False, evidence_imported=True)
     taken = EvidenceImport()
     reports: list[dict[str, Any]] = []
-    rows = 0
+    rows: Counter[str] = Counter()  # by part
     for i, (_, batch) in enumerate(replay(job.tables, 20 * MS)):
         if cut_at is not None and i == cut_at:
             states = [roundtrip(s.snapshot()) for s in stages]
@@ -64,7 +66,10 @@ def _staged(job: Job, shards: int, cut_at: int | None = None
             s.update({**batch, "iterations": iterations})
             parts.append(with_emit_time("evidence", s.outputs()["evidence"], now))
         evidence = taken.take(pa.concat_tables(parts * 2))  # delivered twice
-        rows += evidence.num_rows
+        part = evidence.column("part").to_numpy()
+        rows.update(PARTS[p] for p in part.tolist())
+        rows["rounds"] += int((part == PARTS.index("ccld")).sum()) + int(
+            evidence.column("n").to_numpy()[part == PARTS.index("ccldw")].sum())
         reports += [a.to_dict() for a in det.update(
             {k: v for k, v in batch.items() if k != "coll"}
             | {"evidence": evidence, "iterations": iterations})]
@@ -116,7 +121,14 @@ def test_stages_give_the_evidence_and_reports_of_one_detector(
         assert s.shift > config.bin_shift or one.stats.shift == config.bin_shift
     # fewer rows than the job's in a pipeline job (a pure data-parallel one has a handful
     # of collectives per iteration: their rounds and bins are as many)
-    assert 0 < rows < (job.tables["coll"].num_rows if name != "pure-dp" else 2 * rows)
+    total = sum(n for part, n in rows.items() if part != "rounds")
+    assert 0 < total < (job.tables["coll"].num_rows if name != "pure-dp" else 2 * total)
+    # the rounds of a class past CCL-D's baseline went summed per window, the others one
+    # by one: at most a baseline's worth per class
+    learned = config.baseline_rounds * len(staged.stats.ccld.keys)
+    assert rows["ccld"] <= learned and rows["ccld"] + rows["ccldw"] <= rows["rounds"]
+    if rows["rounds"] > learned:
+        assert 0 < rows["ccldw"] < (rows["rounds"] - rows["ccld"]) / 2
 
 
 def test_stages_restored_from_a_snapshot_go_on_alike(monkeypatch: pytest.MonkeyPatch) -> None:
