@@ -73,6 +73,9 @@ class BinnedStats:
         self.gpu = BinTable(("rank",), ("n", "sm", "thr"))
         # framework spans, when a source has them: compute time per rank and pass
         self.spans = BinTable(("rank", "op"), ("d", "n"))
+        #: CCL-D window rows of classes whose baseline was learned by a reducing stage
+        #: but not here (this stage started later than it): see ``CCLDMonitor.add_windows``
+        self.unlearned_windows = 0
         self.classes = _KeyIndex()  # bytes << 4 | op -> class index
         self.group_ids = _KeyIndex([(-1, 0)])  # point-to-point pair -> small id
 
@@ -111,8 +114,9 @@ class BinnedStats:
                              r["dmin"])
         for w in ev.ccld_windows:  # a reducing stage's rounds past their class's baseline
             cls = self.classes.lookup(w["cls"])
-            self.ccld.add_windows(self.ccld_key(w["cidx"], w["group"], cls), w["bin"],
-                                  w["n"], w["dmax"], w["dmin"])
+            self.unlearned_windows += self.ccld.add_windows(
+                self.ccld_key(w["cidx"], w["group"], cls), w["bin"], w["n"], w["dmax"],
+                w["dmin"])
 
     def ccld_key(self, cidx: np.ndarray, group: np.ndarray, cls: np.ndarray) -> np.ndarray:
         """One int64 per round class: communicator, point-to-point pair (0 for a

@@ -134,16 +134,20 @@ class CCLDMonitor:
         return self._learn(d_all, t_end, dmax.astype(np.float64), dmin.astype(np.float64))
 
     def add_windows(self, key: np.ndarray, window: np.ndarray, n: np.ndarray,
-                    tmax: np.ndarray, tmin: np.ndarray) -> None:
+                    tmax: np.ndarray, tmin: np.ndarray) -> int:
         """Rounds of classes past their baseline, summed per detection window and class
         as :meth:`update` sums them (``n`` rounds; the round with the largest range gives
-        ``tmax`` and ``tmin``, the first of them on a tie)."""
+        ``tmax`` and ``tmin``, the first of them on a tie). Returns how many of these rows
+        are of a class whose baseline this monitor has not learned (it saw none of its
+        first rounds: a reducing stage ran before it), which keep no ``T_base``."""
         if len(key) == 0:
-            return
+            return 0
+        d = self._dense(key)
         mx, mn = tmax.astype(np.float64), tmin.astype(np.float64)
-        self.windows.add({"bin": np.asarray(window, dtype=np.int64), "key": self._dense(key),
+        self.windows.add({"bin": np.asarray(window, dtype=np.int64), "key": d,
                           "n": np.asarray(n, dtype=np.float64), "range": mx - mn,
                           "tmax": mx, "tmin": mn})
+        return int(((self.n[d] < self.config.baseline_rounds) & ~self.frozen[d]).sum())
 
     def _learn(self, d_all: np.ndarray, t_end: np.ndarray, mx_all: np.ndarray,
                mn_all: np.ndarray) -> np.ndarray:

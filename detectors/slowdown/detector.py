@@ -128,7 +128,13 @@ class SlowdownDetector:
                 if evidence.coarser_rows:
                     log.warning("job %s: %d evidence rows were summed in bins coarser than "
                                 "the detector's", self.meta.job, evidence.coarser_rows)
+                unlearned = stats.unlearned_windows
                 stats.absorb(evidence)
+                if stats.unlearned_windows and not unlearned:
+                    log.warning("job %s: CCL-D rounds arrive summed per window for round "
+                                "classes whose baseline this stage never saw (the evidence "
+                                "stages ran before it): those classes get no R and P",
+                                self.meta.job)
         elif coll is not None and coll.num_rows:
             self.max_t = max(self.max_t, int(coll_columns(coll)["t"].max()))
             evidence = Evidence(stats.shift)

@@ -129,6 +129,33 @@ def test_stages_give_the_evidence_and_reports_of_one_detector(
     assert rows["ccld"] <= learned and rows["ccld"] + rows["ccldw"] <= rows["rounds"]
     if rows["rounds"] > learned:
         assert 0 < rows["ccldw"] < (rows["rounds"] - rows["ccld"]) / 2
+    assert staged.stats.unlearned_windows == 0
+
+
+def test_a_job_stage_that_starts_after_the_baselines_says_what_it_lacks(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The reducers learned CCL-D's baselines before the job's stage read anything (it was
+    deployed later, its input past retention): their window rows cannot teach it, so it
+    says so once and counts them, instead of silently keeping no T_base."""
+    monkeypatch.setattr(stage, "SHIFT_LAG_WINDOWS", 0)
+    job = _job("pipeline-compute")
+    tracker = IterationTracker(job.meta)
+    config = SlowdownConfig()
+    reducer = EvidenceStage(job.meta, config, 0, 1)
+    late = SlowdownDetector(job.meta, config, own_tracker=False, evidence_imported=True)
+    batches = list(replay(job.tables, 20 * MS))
+    with caplog.at_level("WARNING", logger="failslow.detectors.slowdown.detector"):
+        for i, (_, batch) in enumerate(batches):
+            coll = batch["coll"]
+            now = int(coll_columns(coll)["t"].max())
+            iterations = with_emit_time("iterations", tracker.track(batch), now)
+            reducer.update({**batch, "iterations": iterations})
+            if i >= len(batches) // 2:  # the job's stage starts half way
+                late.update({"evidence": with_emit_time(
+                    "evidence", reducer.outputs()["evidence"], now), "iterations": iterations})
+    assert late.stats.unlearned_windows > 0
+    assert sum("whose baseline this stage never saw" in r.getMessage()
+               for r in caplog.records) == 1
 
 
 def test_stages_restored_from_a_snapshot_go_on_alike(monkeypatch: pytest.MonkeyPatch) -> None:
