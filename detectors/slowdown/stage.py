@@ -48,6 +48,8 @@ from failslow.replay import DEFAULT_WINDOW_NS, MAX_MERGED_WINDOWS
 
 log = logging.getLogger(__name__)
 
+#: Columns of held CCL-D window rows that are floats (the others are int64).
+_HELD_FLOATS = frozenset({"n", "range"})
 #: A job iteration bounds the bins once derived this many windows before a batch.
 SHIFT_LAG_WINDOWS = MAX_MERGED_WINDOWS + 2
 #: ... and once the detector has read this many (it knows its baseline then).
@@ -85,6 +87,8 @@ class EvidenceStage:
         self.ccld = CCLDMonitor(config)
         self.ccld_classes = _KeyIndex()
         self.ccld_groups = _KeyIndex()
+        #: rounds past their class's baseline whose window is not over yet
+        self.ccld_held: dict[str, np.ndarray] = {}
         #: job iterations not yet old enough to size the bins: (derived at, duration)
         self.recent: list[tuple[int, int]] = []
         self.settled = 0  # iterations old enough, and the shortest of them
@@ -108,7 +112,7 @@ class EvidenceStage:
             self._settle(now)
             rows, own = self.router.rows_of(coll, self.shard)
             ev = self.reducer.update(rows, self.shift, own).summed()
-            self.last["evidence"] = evidence_table(self.meta.job, self._ccld_summed(ev),
+            self.last["evidence"] = evidence_table(self.meta.job, self._ccld_summed(ev, now),
                                                    self.reducer.registry, self.shard)
             r = ev.all_rounds()
             if len(r):
@@ -116,30 +120,43 @@ class EvidenceStage:
         self._learn(batch.get("iterations"))
         return []
 
-    def _ccld_summed(self, ev: Evidence) -> Evidence:
+    def _ccld_summed(self, ev: Evidence, now: int) -> Evidence:
         """``ev`` with the rounds of classes past CCL-D's baseline summed per detection
-        window and class (one row each), as the job's monitor sums them: only the rounds
-        of classes still learning their baseline go one by one. All rounds of a class are
-        joined in one shard (:mod:`.shards`), so this shard's copy of the monitor's
-        learning (:meth:`~.ccld.CCLDMonitor.learn`, on the same rounds in the same
-        batches) knows when the job's does."""
+        window and class, as the job's monitor sums them; only the rounds of classes still
+        learning their baseline go one by one. All rounds of a class are joined in one
+        shard (:mod:`.shards`), so this shard's copy of the monitor's learning
+        (:meth:`~.ccld.CCLDMonitor.learn`, on the same rounds in the same batches) knows
+        when the job's does. A window's rows are held until a batch reaches past its end
+        (``now``, the batch's latest time): the job's monitor closes a window only once an
+        iteration ended past it, in that batch or later, after summing its evidence. A
+        round that completes later still goes in the batch it completes in."""
         r = ev.ccld_rows()
-        if not len(r["t"]):
-            return ev
-        key = pack_class(r["cidx"], self.ccld_groups.lookup(r["group"]),
-                         self.ccld_classes.lookup(r["cls"]))
-        learning = self.ccld.learn(key, r["t"], r["dmax"], r["dmin"])
-        out = Evidence(ev.shift, tables=ev.tables,
-                       ccld=[{k: v[learning] for k, v in r.items()}])
-        if not learning.all():
-            done = {k: v[~learning] for k, v in r.items()}
-            done["bin"] = done.pop("t") // int(self.config.ccld_window_s * 1e9)
-            done["n"] = np.ones(len(done["bin"]))
-            done["range"] = done["dmax"].astype(np.float64) - done["dmin"].astype(np.float64)
-            summed = _aggregate(done, ("bin", "cidx", "group", "cls"), ("n",), "range",
-                                ("dmax", "dmin"))
-            summed.pop("range")
-            out.ccld_windows.append(summed)
+        out = Evidence(ev.shift, tables=ev.tables)
+        if len(r["t"]):
+            key = pack_class(r["cidx"], self.ccld_groups.lookup(r["group"]),
+                             self.ccld_classes.lookup(r["cls"]))
+            learning = self.ccld.learn(key, r["t"], r["dmax"], r["dmin"])
+            out.ccld.append({k: v[learning] for k, v in r.items()})
+            if not learning.all():
+                done = {k: v[~learning] for k, v in r.items()}
+                done["bin"] = done.pop("t") // int(self.config.ccld_window_s * 1e9)
+                done["n"] = np.ones(len(done["bin"]))
+                done["range"] = (done["dmax"].astype(np.float64)
+                                 - done["dmin"].astype(np.float64))
+                held = self.ccld_held
+                self.ccld_held = done if not held else {
+                    k: np.concatenate([held[k], done[k]]) for k in held}
+        held = self.ccld_held
+        if held:
+            ready = held["bin"] < now // int(self.config.ccld_window_s * 1e9)
+            if ready.any():
+                rows = {k: v[ready] for k, v in held.items()}
+                self.ccld_held = {k: v[~ready] for k, v in held.items()} \
+                    if not ready.all() else {}
+                summed = _aggregate(rows, ("bin", "cidx", "group", "cls"), ("n",), "range",
+                                    ("dmax", "dmin"))
+                summed.pop("range")
+                out.ccld_windows.append(summed)
         return out
 
     def _learn(self, iterations: pa.Table | None) -> None:
@@ -174,7 +191,8 @@ class EvidenceStage:
                 "reducer": self.reducer.snapshot(), "recent": [list(x) for x in self.recent],
                 "settled": self.settled, "shortest": self.shortest,
                 "ccld": self.ccld.snapshot(), "ccld_classes": self.ccld_classes.pairs(),
-                "ccld_groups": self.ccld_groups.pairs()}
+                "ccld_groups": self.ccld_groups.pairs(),
+                "ccld_held": {k: v.copy() for k, v in self.ccld_held.items()}}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.recent = [(int(t), int(d)) for t, d in state.get("recent", [])]
@@ -188,6 +206,9 @@ class EvidenceStage:
                                                for k, i in state["ccld_classes"]])
                 self.ccld_groups = _KeyIndex([(int(k), int(i))
                                               for k, i in state["ccld_groups"]])
+                self.ccld_held = {k: np.asarray(v, dtype=np.float64 if k in _HELD_FLOATS
+                                                else np.int64)
+                                  for k, v in (state.get("ccld_held") or {}).items()}
         else:  # its rounds in flight were routed otherwise; its classes' rounds go one by
             # one until learned again here (exact, only less summed)
             log.warning("job %s: the snapshot of evidence shard %s/%s restored into shard "
