@@ -11,6 +11,7 @@ orders them)."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import subprocess
@@ -21,11 +22,14 @@ from typing import Any
 import pytest
 from support.parity import differences, process_into, publish_trace, stored_diagnosis
 
-from failslow.engine.offline import analyze
+from failslow.detectors.slowdown.config import SlowdownConfig
+from failslow.detectors.slowdown.evidence_rows import PARTS
+from failslow.engine.offline import analyze, run_analyzer
 from failslow.stream import jobs
 from failslow.stream.exports import EXPORT_TOPICS, decode_export, export_topic, exported_of
 from failslow.stream.processor import StreamProcessor
 from failslow.stream.transport import EVENT_TOPICS, H_WATERMARK, InProcessTransport
+from failslow.tracedir import TraceDir
 
 STAGES: dict[str, dict[str, Any]] = {
     "track": {"detectors": frozenset({"iterations"}), "exports": frozenset({"iterations"})},
@@ -145,3 +149,44 @@ def test_evidence_reduced_by_two_stages_gives_the_offline_diagnosis(
                          reducer.transport.messages(export_topic("evidence")))
     assert slow.stats.rows["evidence"] == repeat * published > 0
     assert not slow.stats.dead_letters
+
+
+def _ccld_windows_of(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every ``SlowdownConfig`` built from now on (offline and in each processor) has
+    CCL-D detection windows of ``seconds``: the dataclass's own default, patched."""
+    params = [p for p in inspect.signature(SlowdownConfig.__init__).parameters.values()
+              if p.default is not inspect.Parameter.empty]
+    defaults = list(SlowdownConfig.__init__.__defaults__ or ())
+    defaults[[p.name for p in params].index("ccld_window_s")] = seconds
+    monkeypatch.setattr(SlowdownConfig.__init__, "__defaults__", tuple(defaults))
+    assert SlowdownConfig().ccld_window_s == seconds
+
+
+def test_ccld_windows_that_close_in_the_stream_give_the_offline_diagnosis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reducers send the rounds of a class past CCL-D's baseline summed per detection
+    window, each window once a batch reached past its end. With 2 s windows, several close
+    during the trace: delivered twice in 300-row messages, the diagnosis is still
+    ``failslow analyze``'s, every field."""
+    _ccld_windows_of(monkeypatch, 2.0)
+    monkeypatch.setattr(jobs, "EXPORT_MESSAGE_ROWS", 300)
+    trace = tmp_path / "trace"
+    subprocess.run([sys.executable, "-m", "failslow", "simulate", "--preset", "link",
+                    "--out", str(trace)], check=True, capture_output=True, timeout=300)
+    offline = json.loads(analyze(trace).to_json())
+    online, processors = _staged_diagnosis(trace, tmp_path / "store", 2, REDUCED)
+    assert differences(offline, online) == []
+    parts = [decode_export(m)[1].column("part").to_numpy()
+             for i in range(2) for m in processors[f"reduce{i}"].transport.messages(
+                 export_topic("evidence"))]
+    summed = int(sum((p == PARTS.index("ccldw")).sum() for p in parts))
+    assert 0 < summed < sum((p == PARTS.index("ccld")).sum() for p in parts)
+    # the windows CCL-D closed, their R values and alarms: those of one process
+    td = TraceDir(trace)
+    one = run_analyzer(td.meta(), {k: td.read(k) for k in td.kinds}).slowdown.stats.ccld
+    [job] = processors["slow"].jobs()
+    staged = processors["slow"].analyzer(job).slowdown.stats.ccld  # type: ignore[attr-defined]
+    first = int(td.read("coll").column("t").to_numpy().min()) // 2_000_000_000
+    assert one.closed > first + 3 and one.hist
+    assert (staged.closed, staged.hist, staged.run, staged.alarms) == (
+        one.closed, one.hist, one.run, one.alarms)
