@@ -99,7 +99,7 @@ def _print_table(diag: Diagnosis) -> None:
 class ReplayBar:
     """``failslow analyze``'s progress bar on standard error (only on a terminal): trace
     seconds replayed of the trace's span, ``coll`` rows and anomalies so far, then the
-    phase after the replay (:class:`failslow.engine.offline.Progress`)."""
+    phase after the replay (:class:`failslow.engine.runner.Progress`)."""
 
     def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console

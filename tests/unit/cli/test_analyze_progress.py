@@ -1,4 +1,4 @@
-"""``failslow analyze``'s progress (``engine.offline.Progress``): the trace's span first,
+"""``failslow analyze``'s progress (``engine.runner.Progress``): the trace's span first,
 then every analysed batch up to its end, then the what-if phase; the bar on a terminal and
 nothing on a pipe; the summary line in the log."""
 
