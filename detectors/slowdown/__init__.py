@@ -37,10 +37,12 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    by two such sets is no evidence (:func:`persistence_chance`). An iteration whose window
    holds no round of the slow groups' slow operation class says nothing about them (a
    once-per-iteration sync that ends at the iteration boundary falls into every other
-   window of whole time bins). A first slow iteration several healthy iterations long is
-   judged by its two halves; so is, every two slow iterations from the fourth on, the
-   stretch since the onset when no root persisted iteration by iteration (a weak
-   straggler): each half must name the same single root or the same link. A
+   window of whole time bins); nor does one shorter than healthy right after a longer one
+   (a pause before a rank's first call held the boundary between them late). A first
+   slow iteration several healthy iterations long is judged by its two halves; so is,
+   every two slow iterations from the fourth on, the stretch since the onset when no
+   root persisted iteration by iteration (a weak straggler): each half must name the
+   same single root or the same link. A
    fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
    ranks, and such levels are dropped -- and once relieved, not proposed again. A further
    level with the same root is the same anomaly grown worse; with another root it is a

@@ -227,6 +227,7 @@ class AnomalyLifecycle:
             self.next_id += 1
             out.append(_anomaly(a_j))
         op.state = "open"
+        op.note_report()
         return out
 
     def _decaying(self, op: SlowLevel) -> bool:
@@ -316,9 +317,15 @@ class AnomalyLifecycle:
         # slowest ranks are the job's usual ones): a slow-down that went away does not
         # persist in it
         slow = durs > op.ref_iter_ns
+        # ... unless the two together are slow: a pause just before a rank's first call
+        # held the boundary late (the last rank to cross starts the job's iteration), the
+        # iteration before holds it and this one is short: it says nothing
+        excess = durs - op.ref_iter_ns
+        catch_up = np.concatenate(([False], ~slow[1:] & (excess[:-1] > -excess[1:])))
 
         def evidence(member: list[bool] | list[bool | None]) -> list[bool | None]:
-            return [None if m is None else bool(m and slow[i]) for i, m in enumerate(member)]
+            return [None if m is None or catch_up[i] else bool(m and slow[i])
+                    for i, m in enumerate(member)]
 
         starts: list[int] = []
         roots: list[tuple[int, int]] = []  # (start, rank)
@@ -524,6 +531,9 @@ class AnomalyLifecycle:
         op.anomaly.update({k: v for k, v in loc.items()
                            if k not in INTERNAL_FIELDS})
         op.anomaly.update(keep)
+        if "revised" in keep:  # back to what an earlier report named?
+            op.anomaly["detected_ns"] = op.known_since(op.anomaly["detected_ns"])
+        op.note_report()
         return [_anomaly(op.anomaly)]
 
     def _restage(self, op: SlowLevel) -> list[Anomaly]:

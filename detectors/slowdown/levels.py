@@ -60,6 +60,27 @@ class SlowLevel:
     # independent fault over the same level, reported as its own anomaly (the communication
     # one; ``anomaly`` is then the compute one)
     extra: list[dict[str, Any]] = field(default_factory=list)
+    # what its reports named, in order: [cause, ranks, link, detected_ns]
+    named: list[list[Any]] = field(default_factory=list)
+
+    def note_report(self) -> None:
+        """Remember what the anomaly's report names (:meth:`known_since`)."""
+        a = self.anomaly
+        self.named.append([a["cause"], list(a["ranks"] or []), a.get("link"),
+                           a["detected_ns"]])
+
+    def known_since(self, now: int) -> int:
+        """When the anomaly's diagnosis was first reported, if a report named it before
+        and every report since named its ranks too (a transient second root came and
+        went; the diagnosis did not change back and forth); else ``now``."""
+        a = self.anomaly
+        ranks = list(a["ranks"] or [])
+        for cause, named, link, detected in reversed(self.named):
+            if cause != a["cause"] or not set(named) >= set(ranks):
+                break
+            if named == ranks and link == a.get("link"):
+                return int(detected)
+        return now
 
 
 def persistence_chance(probs: Sequence[float], hits: int) -> float:
