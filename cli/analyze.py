@@ -97,9 +97,10 @@ def _print_table(diag: Diagnosis) -> None:
 
 
 class ReplayBar:
-    """``failslow analyze``'s progress bar on standard error (only on a terminal): trace
-    seconds replayed of the trace's span, ``coll`` rows and anomalies so far, then the
-    phase after the replay (:class:`failslow.engine.runner.Progress`)."""
+    """The progress bar of the commands that replay a trace (``failslow analyze``,
+    ``report TRACE_DIR``, and ``plan`` given a trace) on standard error, only on a
+    terminal: trace seconds replayed of the trace's span, ``coll`` rows and anomalies so
+    far, then the phase after the replay (:class:`failslow.engine.runner.Progress`)."""
 
     def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console

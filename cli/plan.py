@@ -24,6 +24,7 @@ def _times(text: str) -> list[float]:
 def _load_trace(trace_dir: str, diagnosis: str | None = None) -> tuple[Any, Any, Any]:
     """meta, the tables the what-if analysis reads, and the trace's diagnosis (computed by
     :func:`failslow.engine.offline.analyze` unless a diagnosis file is given)."""
+    from failslow.cli.analyze import ReplayBar
     from failslow.diagnosis import Diagnosis
     from failslow.engine.offline import analyze
     from failslow.tracedir import TraceDir
@@ -31,8 +32,10 @@ def _load_trace(trace_dir: str, diagnosis: str | None = None) -> tuple[Any, Any,
     td = TraceDir(trace_dir)
     meta = td.meta()
     tables = {k: td.read(k) for k in ("span", "coll") if k in td.kinds}
-    diag = Diagnosis.load(diagnosis) if diagnosis else analyze(trace_dir)
-    return meta, tables, diag
+    if diagnosis:
+        return meta, tables, Diagnosis.load(diagnosis)
+    with ReplayBar() as bar:
+        return meta, tables, analyze(trace_dir, progress=bar)
 
 
 def _trace_plans(trace_dir: str, anomaly: str | None, diagnosis: str | None = None
@@ -181,10 +184,11 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     .Advice` list."""
     import dataclasses
 
+    from failslow.cli.analyze import ReplayBar
     from failslow.comms import infer_comms
     from failslow.engine.analyzer import JobAnalyzer, JobConfig
     from failslow.engine.offline import _membership, replay_dir
-    from failslow.engine.runner import steps
+    from failslow.engine.runner import Tally, steps
     from failslow.mitigation.planner import PlannerConfig
     from failslow.tracedir import TraceDir
 
@@ -196,8 +200,11 @@ def trace_advice(trace_dir: str, cost_s: dict[str, float] | None = None,
     config.cost_s.update(cost_s or {})
     analyzer = JobAnalyzer(meta, JobConfig(planner=config, planner_multiple_of=multiple_of))
     advice: list[Any] = []
-    for step in steps(analyzer, replay_dir(td, DEFAULT_WINDOW_NS)):
-        advice += step.update.advice + step.tick.advice
+    with ReplayBar() as bar:
+        told = Tally(bar)
+        for step in steps(analyzer, replay_dir(td, DEFAULT_WINDOW_NS, on_span=told.span)):
+            told.step(step)
+            advice += step.update.advice + step.tick.advice
     return meta, advice
 
 

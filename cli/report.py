@@ -87,10 +87,13 @@ def add_parser(subparsers: Any) -> None:
 def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     """Diagnose a trace directory the way ``failslow analyze`` does, keeping the derived
     rounds and iterations."""
+    import pyarrow.compute as pc
+
+    from failslow.cli.analyze import ReplayBar
     from failslow.comms import infer_comms
     from failslow.engine.analyzer import JobAnalyzer
     from failslow.engine.offline import KINDS, is_post_mortem
-    from failslow.engine.runner import steps
+    from failslow.engine.runner import Tally, steps
     from failslow.replay import DEFAULT_WINDOW_NS, replay
     from failslow.tracedir import TraceDir
 
@@ -102,12 +105,18 @@ def from_trace_dir(path: Path, whatif: bool = True) -> JobData:
     analyzer = JobAnalyzer(meta)
     rounds, iterations = [], []
     advice: list[dict[str, Any]] = []
-    for step in steps(analyzer, replay(tables, DEFAULT_WINDOW_NS),
-                      post_mortem=is_post_mortem(path)):
-        for out in step.outputs:
-            rounds.append(out.rounds)
-            iterations.append(out.iterations)
-            advice.extend(a.to_dict() for a in out.advice)
+    with ReplayBar() as bar:
+        told = Tally(bar)
+        if "coll" in tables and tables["coll"].num_rows:
+            span = pc.min_max(tables["coll"].column("t"))
+            told.span(span["min"].as_py(), span["max"].as_py())
+        for step in steps(analyzer, replay(tables, DEFAULT_WINDOW_NS),
+                          post_mortem=is_post_mortem(path)):
+            told.step(step)
+            for out in step.outputs:
+                rounds.append(out.rounds)
+                iterations.append(out.iterations)
+                advice.extend(a.to_dict() for a in out.advice)
     diagnosis = analyzer.diagnosis()
     data = JobData(meta, diagnosis, _concat(iterations, "iterations"), _concat(rounds, "rounds"))
     data.advice = advice

@@ -1,6 +1,7 @@
 """``failslow analyze``'s progress (``engine.runner.Progress``): the trace's span first,
 then every analysed batch up to its end, then the what-if phase; the bar on a terminal and
-nothing on a pipe; the summary line in the log."""
+nothing on a pipe; the summary line in the log; the same bar for ``report`` and ``plan
+advice``."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def test_json_output_stays_clean(trace: Path, capsys: pytest.CaptureFixture[str]
     assert cli.main(["analyze", str(trace), "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["anomalies"] and "s of trace" not in out.out
+
+
+@pytest.mark.parametrize("command", ["report", "plan advice"])
+def test_report_and_advice_show_the_replay_too(trace: Path, command: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``failslow report TRACE_DIR`` and ``failslow plan advice --trace`` replay the trace
+    the way ``analyze`` does: the same bar, up to the trace's end."""
+    from failslow.cli import analyze as analyze_cli
+    from failslow.cli.plan import trace_advice
+    from failslow.cli.report import from_trace_dir
+
+    out = io.StringIO()
+
+    class OnTerminal(ReplayBar):
+        def __init__(self) -> None:
+            super().__init__(Console(file=out, force_terminal=True, width=160))
+
+    monkeypatch.setattr(analyze_cli, "ReplayBar", OnTerminal)
+    if command == "report":
+        from_trace_dir(trace, whatif=False)
+    else:
+        trace_advice(str(trace))
+    shown = out.getvalue()
+    span = pq.read_table(trace / "coll.parquet", columns=["t"]).column("t")
+    total = (max(span.to_pylist()) - min(span.to_pylist())) / 1e9
+    assert f"{total:.1f} / {total:.1f} s of trace" in shown
