@@ -153,10 +153,7 @@ class EvidenceStage:
                 rows = {k: v[ready] for k, v in held.items()}
                 self.ccld_held = {k: v[~ready] for k, v in held.items()} \
                     if not ready.all() else {}
-                summed = _aggregate(rows, ("bin", "cidx", "group", "cls"), ("n",), "range",
-                                    ("dmax", "dmin"))
-                summed.pop("range")
-                out.ccld_windows.append(summed)
+                out.ccld_windows.append(summed_windows(rows))
         return out
 
     def _learn(self, iterations: pa.Table | None) -> None:
@@ -214,3 +211,13 @@ class EvidenceStage:
             log.warning("job %s: the snapshot of evidence shard %s/%s restored into shard "
                         "%d/%d; its incomplete rounds are dropped", self.meta.job,
                         state["shard"], state["shards"], self.shard, self.router.shards)
+
+
+def summed_windows(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rounds of CCL-D round classes past their baseline, one row per detection window and
+    class: their count, and ``T_max``/``T_min`` of the round with the largest range (the
+    first on a tie), as the monitor's window table keeps them."""
+    summed = _aggregate(rows, ("bin", "cidx", "group", "cls"), ("n",), "range",
+                        ("dmax", "dmin"))
+    summed.pop("range")
+    return summed

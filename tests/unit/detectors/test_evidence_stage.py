@@ -17,10 +17,9 @@ from support.synth_jobs import SHARD_JOBS, Job, shard_job
 from failslow.detectors.iterations import IterationTracker, coll_columns
 from failslow.detectors.slowdown import SlowdownConfig, SlowdownDetector, stage
 from failslow.detectors.slowdown.accounting import TABLE_NAMES, shift_for
-from failslow.detectors.slowdown.bins import _aggregate
 from failslow.detectors.slowdown.evidence_rows import PARTS, evidence_of, evidence_table
 from failslow.detectors.slowdown.reducer import Evidence, EvidenceReducer
-from failslow.detectors.slowdown.stage import EvidenceStage
+from failslow.detectors.slowdown.stage import EvidenceStage, summed_windows
 from failslow.engine.imports import EvidenceImport
 from failslow.replay import replay
 from failslow.stream.exports import with_emit_time
@@ -86,8 +85,7 @@ def _flush(stages: list[EvidenceStage], det: SlowdownDetector) -> None:
     the detector, summed as the stages sum them: nothing was lost, only held."""
     for s in stages:
         if s.ccld_held:
-            rows = _aggregate(s.ccld_held, ("bin", "cidx", "group", "cls"), ("n",), "range",
-                              ("dmax", "dmin"))
+            rows = summed_windows(s.ccld_held)
             rows["cidx"] = det.registry.indices(
                 np.asarray(s.reducer.registry.ids, dtype=np.uint64)[rows["cidx"]])
             det.stats.absorb(Evidence(det.stats.shift, ccld_windows=[rows]))
