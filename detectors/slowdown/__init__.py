@@ -42,12 +42,12 @@ records were batched, and ``detected_ns`` is the trace time of the evidence:
    slow iteration several healthy iterations long is judged by its two halves; so is,
    every two slow iterations from the fourth on, the stretch since the onset when no
    root persisted iteration by iteration (a weak straggler): each half must name the
-   same single root or the same link. A
-   fail-slow is a persistent slow component; GC pauses and bursts of jitter hit random
-   ranks, and such levels are dropped -- and once relieved, not proposed again. A further
-   level with the same root is the same anomaly grown worse; with another root it is a
-   second anomaly. A slow link and compute roots none of which is at an end of it found
-   together are two faults, reported as two anomalies (CCL-D's S1 and S2, not S3).
+   same single root or the same link. A fail-slow is a persistent slow component; GC
+   pauses and bursts of jitter hit random ranks, and such levels are dropped -- and once
+   relieved, not proposed again. A further level with the same root is the same anomaly
+   grown worse; with another root it is a second anomaly. A slow link and compute roots
+   none of which is at an end of it found together are two faults, reported as two
+   anomalies (CCL-D's S1 and S2, not S3).
 6. Localization of a window against its reference window:
    * communication (Greyhound §4.3 cross-group comparison): groups (a communicator, or the
      pair of a point-to-point channel) whose transfer time grew by more than 10% over their
