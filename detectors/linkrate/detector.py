@@ -195,6 +195,11 @@ class LinkRateDetector:
             np.maximum.at(best, inv.reshape(-1), rate[ring])
             rate = rate.copy()
             rate[ring] = np.where(ts[ring], rate[ring], best[inv.reshape(-1)])
+        # the members that only timed their round (no link of their own) are done
+        link = lid >= 0
+        lid, rate, ts = lid[link], rate[link], ts[link]
+        if not len(lid):
+            return self._decide(w, hi, others)
         # per link: the median of its t_start samples, else its fastest enter-timed one
         order = np.lexsort((rate, ~ts, lid))
         lid, rate, ts = lid[order], rate[order], ts[order]

@@ -8,8 +8,9 @@ parallelism within a node is left out). Each end row gives one sample,
 ``bytes / transfer time``: ``end - t_start`` when ``t_start`` is known (the device's own
 transfer, free of waiting and of cross-node clock offsets); otherwise ``end - enter`` on the
 same rank's clock, which includes the wait for late peers -- the member that entered last
-waited only for the transfer, so a ring round takes its members' fastest such sample, and a
-window keeps a link's fastest one. A ring
+waited only for the transfer, so a ring round takes its members' fastest such sample (its
+members whose hop stays in a node included: they give no link sample, ``lid`` -1, but the
+late one is often among them), and a window keeps a link's fastest one. A ring
 member's row is its outgoing hop's sample: in a ring the slowest hop sets every member's
 time, so coll timing alone degrades every hop of that ring (:mod:`.detector` localizes).
 """
@@ -294,7 +295,7 @@ class SampleExtractor:
         cidx = self.comms.learn(comm_codes(coll), crank, csize, rank, p2p)
         world = max(self.meta.world_size, int(rank.max()) + 1, 1)
         horizon = int(t.max()) - self.max_pending_ns
-        flat, offs, sizes, one_node, never = self._member_arrays()
+        flat, offs, sizes, one_node, spans_nodes, never = self._member_arrays()
         skip = never[cidx] & ~p2p
         if skip.any():
             # collectives of a tensor- or context-parallel group within one node give no
@@ -337,16 +338,23 @@ class SampleExtractor:
         lo_first = np.where(is_p2p, cr < other_cr, True)
         a = np.where(lo_first, me, other)
         b = np.where(lo_first, other, me)
-        good = ((dur > 0) & (is_p2p | is_ring) & (other >= 0) & (other != me)
-                & (nbytes[e] >= self.min_bytes)
+        timed = (dur > 0) & (nbytes[e] >= self.min_bytes)
+        good = (timed & (is_p2p | is_ring) & (other >= 0) & (other != me)
                 & ((self.node(me) != self.node(other)) | inside | is_p2p)
                 & ((sz > 1) | is_p2p))
-        if not good.any():
+        # a ring member whose hop stays in its node is no link sample, but it times the
+        # round all the same (lid -1): the member that entered last, the one a GC pause
+        # held, is often one of them, and only it waited for no one
+        timer = timed & is_ring & (sz > 1) & ~good & spans_nodes[ci]
+        if not (good | timer).any():
             return empty
         g = np.flatnonzero(good)
         opcls = np.where(is_p2p[g], -1, op[e][g])
         keys = np.stack([ci[g], a[g], b[g], opcls, nbytes[e][g]], axis=1)
-        lid = self.links.ids(keys, self.comms)
+        lid = self.links.ids(keys, self.comms) if len(g) else np.zeros(0, np.int64)
+        h = np.flatnonzero(timer)
+        lid = np.concatenate([lid, np.full(len(h), -1, dtype=np.int64)])
+        g = np.concatenate([g, h])
         # ring rounds: members joined by (comm, seq), so that a member timed from its enter
         # row takes the round's best rate (see the detector)
         rnd = np.where(is_ring[g], round_key[e][g], -1)
@@ -355,7 +363,8 @@ class SampleExtractor:
 
     def _member_arrays(self) -> tuple[np.ndarray, ...]:
         """Every communicator's members in one flat array (with offsets and sizes), whether
-        it is a DP / PP group that lies within one node, and whether its collectives never
+        it is a DP / PP group that lies within one node, whether its known members span
+        nodes (its in-node ring members time its rounds), and whether its collectives never
         give a sample (a TP / CP group whose members are all known and on one node: every
         ring hop stays in the node); rebuilt only when the communicators or their members
         change."""
@@ -363,14 +372,16 @@ class SampleExtractor:
         if self._members_cache is None or comms.version != self._members_version:
             flat, offs, sizes = comms.arrays()
             one_node = np.zeros(len(sizes), dtype=bool)
+            spans_nodes = np.zeros(len(sizes), dtype=bool)
             never = np.zeros(len(sizes), dtype=bool)
             for c, m in enumerate(comms.members):  # once per communicator change, not batch
                 known = m[m >= 0]
                 within = len(known) > 1 and len(np.unique(self.node(known))) == 1
+                spans_nodes[c] = len(np.unique(self.node(known))) > 1
                 parallel = comms.kind(c) in ("tp", "cp")
                 one_node[c] = within and not parallel
                 never[c] = within and parallel and len(known) == len(m)
-            self._members_cache = (flat, offs, sizes, one_node, never)
+            self._members_cache = (flat, offs, sizes, one_node, spans_nodes, never)
             self._members_version = comms.version
         return self._members_cache
 

@@ -480,3 +480,21 @@ def test_a_ring_round_cut_by_the_window_edge_is_judged_whole() -> None:
     diag = run_analyzer(meta, tables).diagnosis().to_dict()
     assert [(a["cause"], sorted(a["ranks"])) for a in diag["anomalies"]] == [
         ("communication", [229, 237, 245, 253])]
+
+
+def test_a_ring_round_is_timed_by_its_members_inside_a_node_too() -> None:
+    """Held-out seed 5 ``clean-0`` (tp1 pp1 dp16 on two nodes, GC pauses, no ``t_start``):
+    only two hops of the DP ring cross nodes (7 -> 8 and 15 -> 0), so only ranks 7 and 15
+    gave link samples, each timed from its enter row. When a rank inside a node paused, both
+    waited for it, the round's best rate was a wait, and the one node pair looked 2.3x
+    slower: a link reported on a clean run. The members whose hop stays in the node time
+    the round too (the paused one waited for no one), and nothing is reported."""
+    spec = S(tp=1, pp=1, dp=16, microbatches=1, iterations=29, order=("tp", "dp", "pp"),
+             forward_ms=3.895081067763906, backward_ratio=1.8457993145026268,
+             last_stage=1.155049376268459, dp_bytes=256 << 20, jitter="pareto",
+             jitter_scale=0.025866248076250258, comm_jitter="pareto",
+             seqlen_sigma=0.04503052771568979, gc_prob=0.015625, skew_ms=1.0919132753044984,
+             drift_ppm=70.79613431367153, missing_t_start=1.0, fmt="parquet",
+             seed=1164251157, job="heldout-clean-0")
+    meta, tables, _ = _tables(spec)
+    assert run_analyzer(meta, tables).diagnosis().to_dict()["anomalies"] == []
