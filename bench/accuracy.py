@@ -50,6 +50,7 @@ from failslow.bench.accuracy_cases import (  # noqa: F401 - the suite's names, a
     _pp_nodes,
     suite,
 )
+from failslow.bench.heldout_score import first_detected
 from failslow.detectors.changepoints import METHODS, detect_changepoints
 from failslow.detectors.slowdown import SlowdownConfig
 from failslow.detectors.slowdown.kernel import gap_kernel
@@ -108,6 +109,8 @@ def match(truth: list[Anomaly], found: list[Anomaly], horizon: int,
     # a report another one took over is scored as that one (heldout_score.without_superseded)
     ids = {a.id for a in found}
     f_slow = [a for a in found if a.kind == "slow" and a.superseded_by not in ids]
+    first = first_detected([{"id": a.id, "cause": a.cause, "detected_ns": a.detected_ns,
+                             "superseded_by": a.superseded_by} for a in found])
     marginal = [a for a in t_all if a.slowdown is not None and a.slowdown < MIN_SLOWDOWN]
     t_slow = [a for a in t_all if a not in marginal]
     for m in marginal:  # a report of a marginal slow-down is neither right nor wrong
@@ -134,8 +137,9 @@ def match(truth: list[Anomaly], found: list[Anomaly], horizon: int,
         t, f = t_slow[i], f_slow[j]
         base = t.extra.get("baseline_s")
         latency = None
-        if base and t.start_ns is not None and f.detected_ns is not None:
-            latency = (f.detected_ns - t.start_ns) / (float(base) * 1e9)
+        detected = first.get(f.id, f.detected_ns)
+        if base and t.start_ns is not None and detected is not None:
+            latency = (detected - t.start_ns) / (float(base) * 1e9)
         t_link = sorted(t.link) if t.link else None
         f_link = sorted(f.link) if f.link else None
         out.append({

@@ -6,7 +6,9 @@ diagnosis against the generator's truth (:func:`score_job`), the suite's figures
   (one to one; among candidates the same cause and shared ranks first). A second anomaly of
   the same fault (overlapping it, naming only its ranks or link) is a split report: not a
   false positive, its ranks join the found set. A report another one took over
-  (``superseded_by``) is scored as that one (:func:`without_superseded`). Two simultaneous
+  (``superseded_by``) is scored as that one (:func:`without_superseded`), detected when the
+  first report of its cause was (an absorbed link reported, then named by the slow-down
+  detector once it cost time, was detected at the first report). Two simultaneous
   stragglers are one fault naming both ranks (the simulator's convention); a mixed fault is
   one fault, cause ``mixed``, ranks the slow rank, link the slow link. Compute faults that
   cost the job under :data:`~failslow.bench.heldout_suite.MARGINAL` are neither misses nor
@@ -146,9 +148,29 @@ def without_superseded(anomalies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The reports without those another report took over (``superseded_by`` names it: a
     degraded link reported while the job absorbed it, then named by the slow-down
     detector once it cost time). They are one report of one fault, scored as the successor
-    (its detection time, cause and names), never a false positive of their own."""
+    (its cause and names), never a false positive of their own; the fault was detected
+    when the first of them of the successor's cause was (:func:`first_detected`)."""
     ids = {a["id"] for a in anomalies if a.get("id")}
-    return [a for a in anomalies if a.get("superseded_by") not in ids]
+    first = first_detected(anomalies)
+    return [{**a, "detected_ns": first.get(str(a.get("id")), a.get("detected_ns"))}
+            for a in anomalies if a.get("superseded_by") not in ids]
+
+
+def first_detected(anomalies: list[dict[str, Any]]) -> dict[str, int]:
+    """For each report that took others over, the earliest ``detected_ns`` of itself and
+    of those it took over of its own cause (the link it now carries was reported then; a
+    ring reported as a link, taken over by a compute straggler in it, was not that)."""
+    by_id = {a["id"]: a for a in anomalies if a.get("id")}
+    out: dict[str, int] = {}
+    for a in anomalies:
+        succ = by_id.get(a.get("superseded_by") or "")
+        if succ is None or a.get("detected_ns") is None or a.get("cause") != succ.get("cause"):
+            continue
+        sid = str(succ["id"])
+        known = [x for x in (out.get(sid), succ.get("detected_ns"), a["detected_ns"])
+                 if x is not None]
+        out[sid] = min(int(x) for x in known)
+    return out
 
 
 def elapsed_iterations(detected_ns: int, t: dict[str, Any]) -> float:

@@ -45,6 +45,11 @@ def test_matching_by_time_overlap() -> None:
     early.extra["superseded_by"] = "f0"
     matches, fp, miss = accuracy.match(truth, [early, *found], horizon=1000)
     assert [(m["truth"], m["found"]) for m in matches] == [("t0", "f0")] and fp == 1
+    # ... and the fault was detected when the first of the two reports came
+    assert matches[0]["latency"] == (125 - 100) / 10
+    early.cause = "communication"  # a ring reported as a link, taken over by a straggler
+    matches, _, _ = accuracy.match(truth, [early, *found], horizon=1000)
+    assert matches[0]["latency"] == (155 - 100) / 10
 
 
 def test_accuracy_bench_small_scale() -> None:
