@@ -461,12 +461,15 @@ class ChangeTracker:
                slow: bool = True) -> int:
         """Where the new level starts: the CUSUM estimate (the start maximizing the summed
         excess over the midpoint up to ``i``, values clipped to ``[low, high]``), moved to a
-        change-point candidate next to it."""
+        change-point candidate next to it. A value above the lower level by more than
+        ``jump_k`` times the gap between the two is a pause, of neither level: clipped to
+        the higher one, a pause just before a mild slow-down and the healthy value after it
+        would cancel out, and the level would start at the pause."""
         lo = max(floor, i - 2 * n - 4)
         vals = self._slice(lo, i + 1)
         a, b = min(low, high), max(low, high)
         mid = 0.5 * (a + b)
-        clipped = np.clip(vals, a, b)
+        clipped = np.where(vals - a > self.config.jump_k * (b - a), mid, np.clip(vals, a, b))
         excess = (clipped - mid) if slow else (mid - clipped)
         gain = np.cumsum(excess[::-1])[::-1]  # sum of excess from each start to i
         best = lo + int(np.argmax(gain))

@@ -189,6 +189,19 @@ def test_mild_noise_then_a_far_larger_step_opens_the_level_at_the_step(seed: int
     assert abs(changes[0].ratio - 8.0) < 0.6
 
 
+def test_a_pause_just_before_a_mild_slow_down_does_not_open_its_level() -> None:
+    """Held-out seed 9 ``link-dp-4``: a GC pause (2x), one healthy iteration, then the job
+    11% slower. Clipped to the two levels, the pause and the healthy value after it cancel
+    out in the CUSUM split, and the level opened at the pause: its localization and the
+    healthy one after it delayed the confirmation of the slow link by five iterations. A
+    value far above both levels is a pause, of neither level: the level opens at the
+    slow-down."""
+    x = [76.3, 38.9, 41.6, 40.4, 40.1, 39.6, 38.7, 40.29, 83.6, 40.31, 45.5, 43.3, 44.7]
+    tr = ChangeTracker(SlowdownConfig().change)
+    changes = [c for v in x for c in tr.push(v)]
+    assert [(c.kind, c.index, c.detected_index) for c in changes] == [("onset", 10, 12)]
+
+
 def test_an_unconfirmed_level_keeps_its_values_in_the_healthy_segment() -> None:
     tr = ChangeTracker()
     for v in _steps([(1.0, 30), (1.4, 6), (1.0, 3)], seed=8):
