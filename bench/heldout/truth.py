@@ -31,6 +31,8 @@ def ground_truth(spec: Spec, lay: Layout, ex: Executor, obs: Any) -> dict[str, A
     ok = np.isfinite(dur) & ~touched
     ok[0] = False
     base = float(np.median(dur[ok])) if ok.sum() >= 3 else float("nan")
+    quiet = _quiet(spec, ex) & np.isfinite(dur)
+    quiet_base = (float(np.median(dur[ok & quiet])) if (ok & quiet).sum() >= 3 else base)
     anomalies: list[dict[str, Any]] = []
     for i, f in enumerate(spec.faults):
         a: dict[str, Any] = {
@@ -54,7 +56,7 @@ def ground_truth(spec: Spec, lay: Layout, ex: Executor, obs: Any) -> dict[str, A
                 if f.end is not None and f.end < spec.iterations
                 else None
             )
-            a["slowdown"] = round(float(np.nanmean(dur[sl])) / base, 4)
+            a["slowdown"] = _cost(dur[sl], quiet[sl], base, quiet_base)
             # the job's iteration ends from the onset on: latency counted in iterations
             # that elapsed (a slow iteration is one iteration, however long)
             fin = ends[f.start:]
@@ -162,3 +164,23 @@ def score(truth: dict[str, Any], diag: dict[str, Any]) -> dict[str, Any]:
         if j not in used
     ]
     return {"matches": rows, "false_alarms": false}
+
+
+def _quiet(spec: Spec, ex: Executor) -> np.ndarray:
+    """Iterations that no GC pause, node burst or host pause touched, nor the one before
+    (a pause near the end of an iteration delays the next one's operations)."""
+    noisy = (ex.noise.gc > 0).any(axis=1) | (ex.noise.burst != 1.0).any(axis=1)
+    for it, _, _ in spec.pauses:
+        if 0 <= it < len(noisy):
+            noisy[it] = True
+    return ~(noisy | np.concatenate([[False], noisy[:-1]]))
+
+
+def _cost(dur: np.ndarray, quiet: np.ndarray, base: float, quiet_base: float) -> float:
+    """What a fault costs the job: the median of its iterations that no pause or burst
+    touched over the healthy iterations' (at least 3 of each); otherwise the mean of all
+    its iterations over the healthy median. The pauses a fault window happens to hold are
+    no part of its cost: a 1% slow-down with two GC pauses in it is not a 20% one."""
+    if quiet.sum() >= 3 and quiet_base > 0:
+        return round(float(np.median(dur[quiet])) / quiet_base, 4)
+    return round(float(np.nanmean(dur)) / base, 4)

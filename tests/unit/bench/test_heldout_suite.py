@@ -5,8 +5,10 @@ here (only that every figure is computed and in range)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 from failslow.bench import heldout as hg
@@ -289,3 +291,22 @@ def test_deliverable_six_latencies_cover_their_faults_only() -> None:
     none = hsc.floors({k: None for k in fig})
     assert none["latency_max_stage_compute_iterations"]["pass"]
     assert not none["slow_f1"]["pass"]
+
+
+def test_a_fault_costs_what_it_slows_not_the_pauses_in_its_window() -> None:
+    """A rank 1.08x slower for 12 iterations, with two host pauses of 80 ms (the whole job)
+    in its window: the mean iteration time over the window is far above the healthy one,
+    but the fault costs the job what the iterations no pause touched say, about the same
+    as without the pauses."""
+    fault = hg.Fault("compute", 5, start=10, end=22, factor=1.08)
+    spec = hg.Spec(tp=2, pp=2, dp=2, iterations=30, jitter_scale=0.01, seed=7,
+                   faults=[fault])
+    paused = dataclasses.replace(spec, pauses=[(13, 0.08, ()), (17, 0.08, ())])
+    (cost, _), (with_pauses, truth) = (
+        (t["anomalies"][0]["slowdown"], t) for t in (hg.generate(s)[2] for s in (spec, paused)))
+    assert 1.02 < cost < 1.08
+    assert with_pauses == pytest.approx(cost, abs=0.01)
+    # the mean over the window, pauses included, would say far more
+    ends = np.array(truth["anomalies"][0]["iteration_ends_ns"], dtype=float)
+    mean = float(np.mean(np.diff(ends)[:11])) / (truth["anomalies"][0]["baseline_s"] * 1e9)
+    assert mean > cost + 0.1
