@@ -167,9 +167,9 @@ def first_detected(anomalies: list[dict[str, Any]]) -> dict[str, int]:
         if succ is None or a.get("detected_ns") is None or a.get("cause") != succ.get("cause"):
             continue
         sid = str(succ["id"])
-        known = [x for x in (out.get(sid), succ.get("detected_ns"), a["detected_ns"])
-                 if x is not None]
-        out[sid] = min(int(x) for x in known)
+        earliest = out.get(sid, succ.get("detected_ns"))
+        out[sid] = int(a["detected_ns"]) if earliest is None \
+            else min(int(earliest), int(a["detected_ns"]))
     return out
 
 

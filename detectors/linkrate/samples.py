@@ -376,8 +376,9 @@ class SampleExtractor:
             never = np.zeros(len(sizes), dtype=bool)
             for c, m in enumerate(comms.members):  # once per communicator change, not batch
                 known = m[m >= 0]
-                within = len(known) > 1 and len(np.unique(self.node(known))) == 1
-                spans_nodes[c] = len(np.unique(self.node(known))) > 1
+                nodes = len(np.unique(self.node(known)))
+                within = len(known) > 1 and nodes == 1
+                spans_nodes[c] = nodes > 1
                 parallel = comms.kind(c) in ("tp", "cp")
                 one_node[c] = within and not parallel
                 never[c] = within and parallel and len(known) == len(m)
