@@ -130,7 +130,11 @@ def score_job(units: list[dict[str, Any]], anomalies: list[dict[str, Any]]
                 split=len(group) - 1,
                 got={k: a.get(k) for k in ("cause", "ranks", "link", "stage")},
             )
-            det = a.get("detected_ns")
+            # the fault was detected by its first report: a split report of the same cause
+            # made before the one matched (a degraded link reported again later) counts
+            dets = [g["detected_ns"] for g in group
+                    if g.get("detected_ns") is not None and g.get("cause") == a.get("cause")]
+            det = min(dets) if dets else None
             if t["kind"] == "slow":
                 if det is not None and t["start_ns"] is not None and t["baseline_s"]:
                     row["latency_it"] = elapsed_iterations(det, t)

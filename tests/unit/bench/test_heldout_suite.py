@@ -187,6 +187,33 @@ def test_a_superseded_report_is_scored_as_the_one_that_took_it_over(
     assert fig["slow_false_positives"] == 1
 
 
+def test_a_fault_reported_twice_was_detected_at_its_first_report(
+        generated: dict[str, Any]) -> None:
+    """A degraded link reported early and briefly, then again later for longer (held-out
+    seed 8 ``link-dp-1``): the longer report is matched to the fault and the early one is a
+    split report of it; the fault was detected when the early one was made. A split report
+    of another cause does not count."""
+    job, truth = generated["compute-then-link"]
+    diag = _perfect(job, truth)
+    link = next(a for a in diag["anomalies"] if a["link"])
+    base_ns = next(u["baseline_s"] for u in hs.truth_units(job, truth) if u["link"]) * 1e9
+    early = copy.deepcopy(link)
+    early.update(end_ns=link["start_ns"] + int(2 * base_ns))
+    link.update(start_ns=link["start_ns"] + int(3 * base_ns),
+                detected_ns=link["detected_ns"] + int(4 * base_ns))
+    diag["anomalies"].append(early)
+
+    def link_fault() -> dict[str, Any]:
+        rows = hs.result(job, truth, diag)["faults"]
+        return next(f for f in rows if f["true"]["link"])
+
+    first = link_fault()
+    assert first["split"] == 1 and first["link"]
+    assert first["latency_base_it"] == pytest.approx(1.0)
+    early["cause"] = "compute"
+    assert link_fault()["latency_base_it"] == pytest.approx(5.0)
+
+
 def test_clean_run_anomaly_is_a_false_positive(generated: dict[str, Any]) -> None:
     job, truth = generated["compute-then-link"]
     fake = copy.deepcopy(_perfect(job, truth)["anomalies"][0])
