@@ -6,7 +6,6 @@ the same fault grown worse, dropped when no root persists, and closed by a relie
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,9 @@ from failslow.detectors.changepoints import Change, ChangeTracker
 from failslow.detectors.slowdown.accounting import BinnedStats
 from failslow.detectors.slowdown.compute import compute_stage, gpu_evidence, hidden_roots
 from failslow.detectors.slowdown.config import SlowdownConfig
-from failslow.detectors.slowdown.levels import SlowLevel, Window, agree, persistence_chance
+from failslow.detectors.slowdown.levels import SlowLevel, Window, agree
 from failslow.detectors.slowdown.localizer import INTERNAL_FIELDS, Localizer
+from failslow.detectors.slowdown.persistence import Persistence
 from failslow.detectors.slowdown.timeline import IterationTimeline
 from failslow.diagnosis import Anomaly
 from failslow.events import JobMeta
@@ -38,6 +38,7 @@ class AnomalyLifecycle:
         self.localizer = localizer
         self.levels: list[SlowLevel] = []
         self.next_id = 0
+        self.persistence = Persistence(meta, config, timeline, stats, localizer, self._below)
         change.corroborate = self.corroborate
 
     def step(self, changes: list[Change]) -> list[Anomaly]:
@@ -75,7 +76,7 @@ class AnomalyLifecycle:
         localized on its own against the healthy reference before ``hi``, names one same
         compute root, or one same slow link (or set of candidate hops), or both (a mixed
         slow-down). Returns the chance that this happens by accident, the smaller of
-        :meth:`_by_chance` for the root and :meth:`_link_by_chance` for the link (1.0
+        :meth:`Persistence.by_chance` for the root and :meth:`_link_by_chance` for the link (1.0
         when the iterations agree on neither). A fail-slow is a persistent slow component
         (CCL-D §4.2, Greyhound §4.2): on a job whose iteration times jitter with pauses,
         or whose reference is too short for two values to be significant, its rank or
@@ -105,7 +106,7 @@ class AnomalyLifecycle:
                 return 1.0  # they agree on neither: no need to localize the rest
         chance = 1.0
         if common:
-            chance = self._by_chance(named, len(named))
+            chance = self.persistence.by_chance(named, len(named))
         if links[0] and len(set(links)) == 1:
             chance = min(chance, self._link_by_chance(len(links)))
         return min(chance, 1.0)
@@ -138,7 +139,7 @@ class AnomalyLifecycle:
             healthy_ns=healthy, seg_before=self.change.seg_start))
 
     def _try_confirm(self, op: SlowLevel) -> list[Anomaly]:
-        """Open the anomaly of a pending level once its root persists (:meth:`_persistent`):
+        """Open the anomaly of a pending level once its root persists (:meth:`Persistence.find`):
         a fail-slow is a persistent slow component, while pauses and bursts of jitter hit
         random ranks; after ``localize_retries`` more iterations without a persistent root
         the level is dropped."""
@@ -147,8 +148,8 @@ class AnomalyLifecycle:
         t_onset = self.timeline.at(op.onset_pos)[1]
         if self.timeline.horizon - t_onset < c.min_window_iterations * op.ref_iter_ns:
             return []
-        found = self._persistent(op)
-        if found is not None and self._decaying(op):
+        found = self.persistence.find(op)
+        if found is not None and self.persistence.decaying(op):
             return []  # a pause and its spill-over, so far: one more iteration decides
         if found is None:
             if op.tries > c.localize_retries:
@@ -230,137 +231,6 @@ class AnomalyLifecycle:
         op.note_report()
         return out
 
-    def _decaying(self, op: SlowLevel) -> bool:
-        """Only two slow iterations so far, the second's excess over the level below under
-        half the first's: the shape of one long pause whose delay spills into the next
-        iteration's window (the same rank then tops both), not of a fail-slow, whose excess
-        holds or grows (a fault starting mid-iteration makes the first one smaller)."""
-        a = self.timeline.pos(op.onset_pos)
-        done = [d for _, t0, d in self.timeline.iters[a:a + 3]
-                if t0 + d <= self.timeline.horizon]
-        if len(done) != 2 or op.ref_iter_ns <= 0:
-            return False
-        first, second = (d - op.ref_iter_ns for d in done)
-        return first > 0 and second < 0.5 * first
-
-    def _persistent(self, op: SlowLevel, max_start: int | None = None
-                    ) -> tuple[int, bool, list[str], list[int]] | None:
-        """The slow iterations since the onset, each localized on its own against the same
-        reference (cached), and what persists among them: a compute root (or a slow link)
-        found in at least two of them and in ``consistency`` of the iterations from its
-        first appearance on (that first one may be only partly slow); an iteration no
-        slower than the level below is a miss for every rank and link. Returns (index of the
-        first persistent iteration relative to the onset, communication persists?, its node
-        pair, persistent compute roots), or None."""
-        c = self.config
-        a = self.timeline.pos(op.onset_pos) + len(op.per_iter)
-        while a < len(self.timeline.iters):
-            _, t0, d = self.timeline.iters[a]
-            if t0 + d > self.timeline.horizon:
-                break
-            one = self.localizer.localize(self._window(op, self.timeline.offset + a, t0 + d), op,
-                                          light=True, skip=self._below(op))
-            # the signature, and the slow groups behind its communication evidence
-            op.per_iter.append([*one["signature"], one["groups"]] if one["confident"]
-                               else None)
-            a += 1
-        k = len(op.per_iter)
-        a0 = self.timeline.pos(op.onset_pos)
-        durs = np.array([d for _, _, d in self.timeline.iters[a0:a0 + k]], dtype=float)
-
-        # how many compute roots each iteration named (noise names many ranks at once)
-        named = [len(sig[2]) if sig else 0 for sig in op.per_iter]
-
-        def at_level(i: int, s0: int) -> bool:
-            """Iteration ``i`` is slow at the level of the stretch from ``s0`` on: its
-            excess over the healthy time is at least ``level_share`` of the stretch's
-            median excess (not a mild noisy iteration before a far stronger fault)."""
-            level = float(np.median(durs[s0:])) - op.healthy_ns
-            return bool(durs[i] - op.healthy_ns >= c.level_share * level)
-
-        def stretch(member: list[bool | None], by_chance: bool = False, slack: int = 0
-                    ) -> int | None:
-            """Earliest start of a persistent trailing stretch (None: none); iterations
-            whose ``member`` is None say nothing and are left out (a stretch starts at
-            the first of them before its first hit that is at its level). With
-            ``by_chance``, the stretch must also be unlikely to arise by accident for any
-            rank (:func:`persistence_chance`). ``slack``: it may start this many
-            iterations after ``max_start``."""
-            known = [i for i in range(k) if member[i] is not None]
-            for j, s0 in enumerate(known):
-                if max_start is not None and s0 > max_start + slack:
-                    break
-                # its first hit is at its level, or only partly slow (the next one is)
-                if not member[s0] or not (at_level(s0, s0) or (
-                        s0 + 1 < k and at_level(s0 + 1, s0))):
-                    continue
-                rest = known[j:]
-                hits = sum(1 for i in rest if member[i])
-                n = len(rest)
-                # a root that appears only after iterations that named something else needs
-                # one more; those that said nothing (no round of a slow group in their
-                # window) and the onset one (its round may be the last healthy one) do not
-                # count
-                need = 3 if any(0 < i < s0 for i in known) else 2
-                if hits >= need and hits - 1 >= c.consistency * max(n - 1, 1) and (
-                        not by_chance
-                        or self._by_chance([named[i] for i in rest], hits) <= c.persist_alpha):
-                    # uninformative iterations just before it belong to the stretch, from
-                    # the first one at its level
-                    start = known[j - 1] + 1 if j else 0
-                    while start < s0 and not at_level(start, s0):
-                        start += 1
-                    return start
-            return None
-
-        # an iteration no slower than the level below is no hit for any rank or link (its
-        # slowest ranks are the job's usual ones): a slow-down that went away does not
-        # persist in it
-        slow = durs > op.ref_iter_ns
-        # ... unless the two together are slow: a pause just before a rank's first call
-        # held the boundary late (the last rank to cross starts the job's iteration), the
-        # iteration before holds it and this one is short: it says nothing
-        excess = durs - op.ref_iter_ns
-        catch_up = np.concatenate(([False], ~slow[1:] & (excess[:-1] > -excess[1:])))
-
-        def evidence(member: list[bool] | list[bool | None]) -> list[bool | None]:
-            return [None if m is None or catch_up[i] else bool(m and slow[i])
-                    for i, m in enumerate(member)]
-
-        starts: list[int] = []
-        roots: list[tuple[int, int]] = []  # (start, rank)
-        cands = sorted({r for sig in op.per_iter if sig for r in sig[2]})
-        # the two sides of a mixed fault (a rank and its own link) may show an iteration
-        # apart: an end of the open anomaly's slow link may start one iteration later
-        ends = set(op.anomaly.get("link") or []) if op.state == "open" else set()
-        for r in cands:
-            st = stretch(evidence([bool(sig and r in sig[2]) for sig in op.per_iter]),
-                         by_chance=True, slack=int(r in ends))
-            if st is not None:
-                roots.append((st, r))
-                starts.append(st)
-        comm_nodes: list[str] = []
-        comm_start = None
-        pairs = sorted({tuple(sig[1]) for sig in op.per_iter if sig and sig[0]})
-        for pair in pairs:
-            hit = [bool(sig and sig[0] and (tuple(sig[1]) == pair or not pair))
-                   for sig in op.per_iter]
-            # ... and a once-per-iteration round in the onset window may be the last
-            # healthy one
-            st = stretch(evidence(self._informative(op, hit)), slack=1)
-            if st is not None and (comm_start is None or st < comm_start):
-                comm_start, comm_nodes = st, list(pair)
-        if comm_start is not None:
-            starts.append(comm_start)
-        if not starts:
-            if k == 1 and max_start is None:
-                return self._persistent_within(op)
-            if max_start is None:
-                return self._persistent_halves(op)
-            return None
-        first = min(starts)
-        return first, comm_start is not None, comm_nodes, [r for _, r in sorted(roots)]
-
     def _below(self, op: SlowLevel) -> frozenset[int]:
         """The root ranks of the open anomalies below ``op``: a further slow level's
         reference already holds their slowness."""
@@ -368,122 +238,12 @@ class AnomalyLifecycle:
         return frozenset(int(r) for lv in below if lv.state == "open"
                          for r in lv.anomaly.get("ranks") or [])
 
-    def _informative(self, op: SlowLevel, hit: list[bool]) -> list[bool | None]:
-        """``hit`` with None for the slow iterations that say nothing about the slow
-        groups of the hits: their window holds no round of any of them. A group that runs
-        once per iteration (a DP ring's gradient sync) and delays the iteration's end ends
-        its round next to the boundary between two windows of whole time bins, so some
-        windows hold two of its rounds and others none; a window without its round is no
-        evidence that it stopped being slow."""
-        # (communicator, pair, operation class): a group's other operations (a small
-        # all-reduce beside the gradient sync) say nothing about its slow one
-        keys = {(int(cg[0]), int(cg[1]), int(cg[2]) if len(cg) > 2 else -1)
-                for sig, h in zip(op.per_iter, hit, strict=True)
-                if h and sig is not None and len(sig) > 3 for cg in sig[3]}
-        if not keys:
-            return list(hit)
-        a = self.timeline.pos(op.onset_pos)
-        out: list[bool | None] = []
-        for i, h in enumerate(hit):
-            if h or a + i >= len(self.timeline.iters):
-                out.append(h)
-                continue
-            _, t0, d = self.timeline.iters[a + i]
-            win = self._window(op, op.onset_pos + i, t0 + d)
-            w = self.stats.grp.query(win.lo, win.hi, ("cidx", "group", "cls"))
-            held = any(bool(np.any((w["cidx"] == cx) & (w["group"] == g)
-                                   & ((w["cls"] == k) | (k < 0)))) for cx, g, k in keys)
-            out.append(False if held else None)
-        return out
-
-    def _persistent_within(self, op: SlowLevel) -> tuple[int, bool, list[str], list[int]] | None:
-        """A severe slow-down persists *within* its first slow iteration: when that
-        iteration lasted at least ``severe_iterations`` reference iterations, its two halves
-        are localized on their own and must name the same root (or the same slow link). A
-        pause fills one place of the iteration, a slow component all of it; waiting for a
-        second slow iteration would cost several healthy iterations' time."""
-        c = self.config
-        sig = op.per_iter[0]
-        a = self.timeline.pos(op.onset_pos)
-        _, t0, d = self.timeline.iters[a]
-        if not sig or d < c.severe_iterations * op.ref_iter_ns:
-            return None
-        full = self._window(op, op.onset_pos, t0 + d)
-        s = self.stats.shift
-        mid = (t0 + d // 2) >> s
-        halves = []
-        for lo, hi in ((full.lo, mid), (mid, full.hi)):
-            if hi - lo < 2:
-                return None
-            win = dataclasses.replace(full, lo=lo, hi=hi, win_ns=float((hi - lo) << s))
-            one = self.localizer.localize(win, op, light=True)
-            if not one["confident"]:
-                return None
-            halves.append(one["signature"])
-        if sig[2]:
-            top = sig[2][0]
-            if all(h[2] and h[2][0] == top for h in halves):
-                return 0, False, [], [top]
-            return None
-        if sig[0] and all(h[0] and h[1] == sig[1] for h in halves):
-            return 0, True, list(sig[1]), []
-        return None
-
-    def _persistent_halves(self, op: SlowLevel) -> tuple[int, bool, list[str], list[int]] | None:
-        """A weak slow-down whose one-iteration windows are too short to name its root
-        every time (CCL-D §4.2 takes the whole anomaly window): once ``halves_iterations``
-        slow iterations passed without a persistent root, the two halves of the stretch
-        since the onset are localized on their own and must each name the same compute root
-        first (and at most one other rank, kept when both name it), or the same slow link.
-        A pause or a burst of noise fills one place of the stretch, or names several
-        ranks; a pause that opened the level is left out of the halves."""
-        c = self.config
-        k = len(op.per_iter)
-        a = self.timeline.pos(op.onset_pos)
-        excess = [d - op.ref_iter_ns for _, _, d in self.timeline.iters[a:a + k]]
-        # a pause that opened the level (its first iteration ``pause_factor`` times as far
-        # above the reference as the others' median) is no part of the stretch
-        s = int(k > 1 and excess[0] > c.pause_factor * max(float(np.median(excess[1:])), 0.0))
-        n = k - s
-        if n < c.halves_iterations or n % 2:
-            return None
-        sigs = []
-        for lo, hi in ((s, s + n // 2), (s + n // 2, k)):
-            _, t0, d = self.timeline.iters[a + hi - 1]
-            one = self.localizer.localize(self._window(op, op.onset_pos + lo, t0 + d), op,
-                                          light=True, skip=self._below(op))
-            if not one["confident"]:
-                return None
-            sigs.append(one["signature"])
-        (comm1, ident1, roots1), (comm2, ident2, roots2) = sigs
-        common = [r for r in roots1 if r in roots2]
-        top_shared = bool(common) and (roots1[0] in common or roots2[0] in common)
-        if top_shared and max(len(roots1), len(roots2)) <= 2 and (
-                roots1[0] == roots2[0]
-                or self._by_chance([len(roots1), len(roots2)], 2) <= c.persist_alpha):
-            # the same strongest root in both halves, with the other ranks both name (a
-            # second slow rank); one named by one half only is noise there (a pause). The
-            # strongest root of one half may be the other's second (a pause in that half
-            # outweighed it) if two halves naming one same rank is unlikely by accident.
-            return s, False, [], common
-        if comm1 and comm2 and ident1 and ident1 == ident2 and not roots1 and not roots2:
-            return s, True, list(ident1), []
-        return None
-
-    def _by_chance(self, named: list[int], hits: int) -> float:
-        """The chance that some rank is among the roots of at least ``hits`` of the
-        localizations that named ``named`` ranks each, by accident: a given rank is among
-        a localization's roots with the share of the world it named
-        (:func:`persistence_chance`, times the world size)."""
-        world = max(self.meta.world_size, 1)
-        return world * persistence_chance([min(n / world, 1.0) for n in named], hits)
-
     def _refine(self, op: SlowLevel) -> list[Anomaly]:
         """An open anomaly (the top level) whose later iterations add persistent evidence
         (a second slow rank, the compute side of a mixed slow-down) is updated and reported
         again with the same id (its lifecycle: open, updated, resolved)."""
         # only what was there from the onset on: a fault that starts later is its own
-        found = self._persistent(op, max_start=op.first + 1)
+        found = self.persistence.find(op, max_start=op.first + 1)
         if not op.signature:
             return []
         old_comm, old_nodes, old_roots = op.signature

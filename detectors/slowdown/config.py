@@ -25,7 +25,7 @@ class SlowdownConfig:
 
     # the verification's sign test at 1% (the series alone uses 0.1%): a level becomes an
     # anomaly only once a root persists over its slow iterations beyond chance
-    # (_persistent), which rejects the bursts of pauses and jitter such a test lets through;
+    # (Persistence.find), which rejects the bursts of pauses and jitter such a test lets through;
     # values count as slower from 4% on (a 5% slow-down must be found: at a 5% threshold
     # only about half of its iterations would count); an onset of up to 3 slow iterations
     # may be confirmed together with the rank-level evidence (one compute root in each,
@@ -80,14 +80,14 @@ class SlowdownConfig:
     worse_factor: float = 2.0  # a further level whose iterations are this many times as slow
     #                            as the open anomaly's (same root or link) is a new event on
     #                            it, reported on its own
-    halves_iterations: int = 4  # without a persistent root after this many slow iterations
-    #                            (and every two more), the stretch's halves are judged
-    #                            (_persistent_halves)
+    halves_iterations: int = 3  # without a persistent root after this many slow iterations
+    #                            (and every one more), the stretch's halves are judged
+    #                            (Persistence.halves; an odd count is halved in time)
     pause_factor: float = 4.0  # ... leaving out a first slow iteration this many times as far
     #                            above the reference as the others' median (a pause that
     #                            opened the level)
     severe_iterations: float = 2.0  # a first slow iteration this many reference iterations
-    #                                 long is judged by its two halves (_persistent_within)
+    #                                 long is judged by its two halves (Persistence.within)
     persist_alpha: float = 0.2  # a persistent root's stretch arises by chance (any rank of
     #                             the job, each iteration naming its roots at random) at most
     #                             this often

