@@ -209,14 +209,11 @@ class Persistence:
         _, t0, d = self.timeline.iters[a]
         if not sig or d < c.severe_iterations * op.ref_iter_ns:
             return None
-        full = self.window(op, op.onset_pos, t0 + d)
-        s = self.stats.shift
-        mid = (t0 + d // 2) >> s
+        wins = self._halve(op, 0, 1, by_time=True)
+        if any(w.hi - w.lo < 2 for w in wins):
+            return None
         halves = []
-        for lo, hi in ((full.lo, mid), (mid, full.hi)):
-            if hi - lo < 2:
-                return None
-            win = dataclasses.replace(full, lo=lo, hi=hi, win_ns=float((hi - lo) << s))
+        for win in wins:
             one = self.localizer.localize(win, op, light=True)
             if not one["confident"]:
                 return None
@@ -276,12 +273,14 @@ class Persistence:
 
     def _halve(self, op: SlowLevel, s: int, k: int, by_time: bool) -> list[Window]:
         """The windows of the two halves of the stretch of iterations ``s..k-1`` since
-        ``op``'s onset: of whole iterations, or (``by_time``) of its bins halved."""
+        ``op``'s onset: of whole iterations, or (``by_time``) cut at its middle in time."""
         a = self.timeline.pos(op.onset_pos)
         if by_time:
+            t_lo = self.timeline.iters[a + s][1]
             _, t0, d = self.timeline.iters[a + k - 1]
             full = self.window(op, op.onset_pos + s, t0 + d)
-            mid, sh = (full.lo + full.hi) // 2, self.stats.shift
+            sh = self.stats.shift
+            mid = ((t_lo + t0 + d) // 2) >> sh
             return [dataclasses.replace(full, lo=lo, hi=hi, win_ns=float((hi - lo) << sh))
                     for lo, hi in ((full.lo, mid), (mid, full.hi))]
         m = s + (k - s) // 2
